@@ -1,0 +1,21 @@
+"""RL math as pure functions: masked reductions, KL, losses, core advantage estimators, groups.
+
+Every function documents the shape and meaning of each tensor; numbers agree with verl's
+`verl/trainer/ppo/core_algos.py` on valid positions except where the README lists a difference.
+"""
+
+from .advantages import (compute_gae_advantage_return, compute_reinforce_plus_plus_outcome_advantage, gae,
+                         reinforce_plus_plus)
+from .groups import filter_uniform_groups, uniform_groups
+from .kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_penalty, make_kl_controller
+from .losses import (LOSS_AGG_MODES, agg_loss, compute_entropy_loss, compute_kl_loss, compute_policy_loss,
+                     compute_value_loss, loss_totals)
+from .utils import entropy_from_logits, logprobs_from_logits, masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "AdaptiveKLController", "FixedKLController", "LOSS_AGG_MODES", "agg_loss", "apply_kl_penalty",
+    "compute_entropy_loss", "compute_gae_advantage_return", "compute_kl_loss", "compute_policy_loss",
+    "compute_reinforce_plus_plus_outcome_advantage", "compute_value_loss", "entropy_from_logits",
+    "filter_uniform_groups", "gae", "kl_penalty", "logprobs_from_logits", "loss_totals", "make_kl_controller",
+    "masked_mean", "masked_sum", "masked_var", "masked_whiten", "reinforce_plus_plus", "uniform_groups",
+]

@@ -1,0 +1,167 @@
+"""RLBatch: the one data structure that flows through the trainer step.
+
+A batch is a set of named tensors that share their first (batch) dimension, plus non-tensor columns
+(prompt text, the dataset row, `uid`) holding one Python object per row. Rows sharing a `uid` were
+sampled from the same prompt.
+
+Tensor keys used by the trainer (B = rows, P = prompt length, R = response length):
+
+    prompts            (B, P) int64   left-padded prompt token ids
+    prompt_mask        (B, P) int64   1 on real prompt tokens
+    responses          (B, R) int64   right-padded response token ids
+    response_mask      (B, R) float   1 on response tokens up to and including EOS
+    old_log_probs      (B, R) float   log pi_old(response token) under the policy before the update
+    ref_log_probs      (B, R) float   the same under the reference policy
+    values             (B, R) float   critic values
+    token_level_scores (B, R) float   the reward score on the last valid response token
+    token_level_rewards(B, R) float   scores minus the in-reward KL penalty, if any
+    advantages, returns(B, R) float   estimator output, zero on padding
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+Index = int | slice | Sequence[int] | torch.Tensor
+
+
+class RLBatch:
+    """Named tensors and non-tensor columns sharing one batch dimension."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor] | None = None,
+                 non_tensors: dict[str, list] | None = None, meta: dict[str, Any] | None = None):
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.non_tensors: dict[str, list] = {}
+        self.meta: dict[str, Any] = dict(meta or {})  # batch-level info, not indexed with rows
+        self._size: int | None = None
+        for key, value in (tensors or {}).items():
+            self[key] = value
+        for key, value in (non_tensors or {}).items():
+            self[key] = list(value)
+
+    @classmethod
+    def from_dict(cls, tensors: dict[str, torch.Tensor], non_tensors: dict[str, Iterable] | None = None,
+                  meta: dict[str, Any] | None = None) -> RLBatch:
+        return cls(tensors, {k: list(v) for k, v in (non_tensors or {}).items()}, meta)
+
+    # ---- size and keys -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._size or 0
+
+    def _check_size(self, key: str, size: int) -> None:
+        if self._size is None:
+            self._size = size
+        elif size != self._size:
+            raise ValueError(f"RLBatch column {key!r} has {size} rows but the batch has {self._size}; "
+                             "every tensor and non-tensor column must share the batch dimension")
+
+    def keys(self) -> list[str]:
+        return [*self.tensors, *self.non_tensors]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.non_tensors
+
+    def __setitem__(self, key: str, value: torch.Tensor | list) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 0:
+                raise ValueError(f"RLBatch tensor {key!r} must have a batch dimension, got a scalar")
+            self._check_size(key, value.shape[0])
+            self.non_tensors.pop(key, None)
+            self.tensors[key] = value
+        else:
+            value = list(value)
+            self._check_size(key, len(value))
+            self.tensors.pop(key, None)
+            self.non_tensors[key] = value
+
+    def __getitem__(self, item: str | Index) -> Any:
+        if isinstance(item, str):
+            if item in self.tensors:
+                return self.tensors[item]
+            if item in self.non_tensors:
+                return self.non_tensors[item]
+            raise KeyError(f"RLBatch has no column {item!r}; it has {sorted(self.keys())}")
+        return self.index(item)
+
+    def pop(self, key: str) -> Any:
+        value = self.tensors.pop(key, None)
+        return value if value is not None else self.non_tensors.pop(key)
+
+    # ---- row operations ------------------------------------------------------------------------
+    def index(self, item: Index) -> RLBatch:
+        """Rows selected by an int, a slice, a list of ints or an index / bool tensor."""
+        if isinstance(item, int):
+            item = [item]
+        if isinstance(item, slice):
+            rows = list(range(len(self)))[item]
+        elif isinstance(item, torch.Tensor):
+            rows = (item.nonzero().flatten() if item.dtype == torch.bool else item).tolist()
+        else:
+            rows = list(item)
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        out = RLBatch(meta=self.meta)
+        for key, value in self.tensors.items():
+            out[key] = value[idx.to(value.device)]
+        for key, value in self.non_tensors.items():
+            out[key] = [value[r] for r in rows]
+        if not out.keys():
+            out._size = len(rows)
+        return out
+
+    def select(self, *keys: str) -> RLBatch:
+        """A batch with only these columns (tensors are shared, not copied)."""
+        return RLBatch({k: self.tensors[k] for k in keys if k in self.tensors},
+                       {k: self.non_tensors[k] for k in keys if k in self.non_tensors}, self.meta)
+
+    def split(self, size: int) -> list[RLBatch]:
+        """Consecutive chunks of `size` rows (the last one may be shorter)."""
+        if size <= 0:
+            raise ValueError(f"split size must be positive, got {size}")
+        return [self.index(slice(i, i + size)) for i in range(0, len(self), size)]
+
+    def repeat_interleave(self, n: int) -> RLBatch:
+        """Each row repeated n times in place: rows [a, b] -> [a, a, b, b] for n=2."""
+        return self.index([r for r in range(len(self)) for _ in range(n)])
+
+    def reorder(self, order: Sequence[int] | torch.Tensor) -> RLBatch:
+        """Rows in a new order; `order` must be a permutation of range(len(self))."""
+        rows = torch.as_tensor(order).tolist()
+        if sorted(rows) != list(range(len(self))):
+            raise ValueError(f"reorder needs a permutation of {len(self)} rows, got {len(rows)} indices")
+        return self.index(rows)
+
+    def to(self, device: torch.device | str) -> RLBatch:
+        return RLBatch({k: v.to(device) for k, v in self.tensors.items()}, self.non_tensors, self.meta)
+
+    def update(self, other: RLBatch) -> RLBatch:
+        """Add (or overwrite) other's columns in place; other must have the same number of rows."""
+        for key in other.keys():
+            self[key] = other[key]
+        self.meta.update(other.meta)
+        return self
+
+    @staticmethod
+    def concat(batches: Sequence[RLBatch]) -> RLBatch:
+        """Rows of several batches with the same columns and tensor widths, in order."""
+        if not batches:
+            raise ValueError("concat needs at least one batch")
+        keys = set(batches[0].keys())
+        for b in batches[1:]:
+            if set(b.keys()) != keys:
+                raise ValueError(f"concat needs the same columns in every batch: {sorted(keys)} vs {sorted(b.keys())}")
+        out = RLBatch(meta=batches[0].meta)
+        for key in batches[0].tensors:
+            parts = [b.tensors[key] for b in batches]
+            if len({p.shape[1:] for p in parts}) > 1:
+                raise ValueError(f"concat: column {key!r} has different shapes {[tuple(p.shape) for p in parts]}")
+            out[key] = torch.cat(parts)
+        for key in batches[0].non_tensors:
+            out[key] = [x for b in batches for x in b.non_tensors[key]]
+        return out
+
+    def __repr__(self) -> str:
+        cols = [f"{k}:{tuple(v.shape)}" for k, v in self.tensors.items()] + list(self.non_tensors)
+        return f"RLBatch(rows={len(self)}, {', '.join(cols)})"

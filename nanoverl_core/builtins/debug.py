@@ -1,0 +1,150 @@
+"""The `debug` worker and rollout: a tiny causal transformer in pure torch over a character vocabulary.
+
+Real sampling and real gradients with no transformers dependency, so the core trains on its own.
+The model follows the Hugging Face calling convention (input_ids, attention_mask, position_ids ->
+.logits), which is all `TorchActor` / `TorchCritic` need.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..batch import RLBatch
+from ..config import Config
+from ..errors import DataError
+from ..rollout import SamplingParams, responses_to_batch
+from ..workers import TorchActor, TorchCritic, Workers, resolve_device
+
+
+class CharTokenizer:
+    """Characters of a small alphabet; id 0 is padding, id 1 is end-of-sequence."""
+
+    alphabet = "0123456789=+-*/:,.? "
+    pad_token_id, eos_token_id = 0, 1
+    chat_template = None
+
+    def __init__(self) -> None:
+        self.vocab = {ch: i + 2 for i, ch in enumerate(self.alphabet)}
+        self.vocab_size = len(self.vocab) + 2
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        unknown = sorted(set(text) - set(self.vocab))
+        if unknown:
+            raise DataError(f"the debug tokenizer has no token for {unknown!r} in {text!r}; "
+                            f"debug prompts may only use {self.alphabet!r}")
+        return [self.vocab[ch] for ch in text]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        chars = {i: ch for ch, i in self.vocab.items()}
+        return "".join(chars.get(int(i), "" if skip_special_tokens else "<s>") for i in ids)
+
+
+class _Block(nn.Module):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, C // self.heads).transpose(1, 3).unbind(2)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (B, heads, T, C/heads)
+        x = x + self.proj(att.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyCausalLM(nn.Module):
+    """A few pre-norm transformer blocks; `out_dim=1` makes it a value model."""
+
+    def __init__(self, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
+                 max_positions: int = 512, out_dim: int | None = None):
+        super().__init__()
+        self.embed, self.pos = nn.Embedding(vocab_size, hidden), nn.Embedding(max_positions, hidden)
+        self.blocks = nn.ModuleList(_Block(hidden, heads) for _ in range(layers))
+        self.norm, self.head = nn.LayerNorm(hidden), nn.Linear(hidden, out_dim or vocab_size)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **_):
+        B, T = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if position_ids is None:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        x = self.embed(input_ids) + self.pos(position_ids)  # (B, T, C)
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        # a token sees earlier real tokens, and always itself (so left padding never yields an empty row)
+        allowed = (causal & attention_mask[:, None, :].bool()) | torch.eye(T, dtype=torch.bool, device=x.device)
+        for block in self.blocks:
+            x = block(x, allowed[:, None])
+        return SimpleNamespace(logits=self.head(self.norm(x)))
+
+
+def sample_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(B, V) logits -> (B,) token ids with temperature, top-k and top-p (greedy when temperature is 0)."""
+    if params.greedy:
+        return logits.argmax(-1)
+    logits = logits / params.temperature
+    if params.top_k:
+        kth = logits.topk(min(params.top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1:
+        sorted_logits, order = logits.sort(descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > params.top_p  # keep the smallest prefix reaching top_p
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
+
+
+class DebugRollout:
+    """Token-by-token sampling with the actor's own module (shared in-process, so sync is free)."""
+
+    def __init__(self, config: Config, workers: Workers):
+        self.tokenizer = workers.tokenizer
+        self.module = workers.actor.module
+        self.device = workers.actor.device
+
+    @torch.no_grad()
+    def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
+        ids, mask = batch["prompts"].to(self.device), batch["prompt_mask"].to(self.device)
+        done = torch.zeros(len(batch), dtype=torch.bool, device=self.device)
+        out = []
+        for _ in range(params.max_new_tokens):
+            logits = self.module(input_ids=ids, attention_mask=mask).logits[:, -1].float()
+            token = sample_from_logits(logits, params).masked_fill(done, self.tokenizer.pad_token_id)
+            out.append(token)
+            ids = torch.cat([ids, token[:, None]], 1)
+            mask = torch.cat([mask, (~done).long()[:, None]], 1)
+            done |= token == self.tokenizer.eos_token_id
+            if done.all():
+                break
+        tokens = torch.stack(out, 1).tolist()
+        return responses_to_batch(tokens, eos_token_id=self.tokenizer.eos_token_id,
+                                  pad_token_id=self.tokenizer.pad_token_id, max_new_tokens=params.max_new_tokens)
+
+    def sync_weights(self, actor) -> None:
+        """Nothing to copy: generation runs on the actor's own module."""
+        assert self.module is actor.module
+
+
+def make_workers(config: Config) -> Workers:
+    tokenizer = CharTokenizer()
+    device = resolve_device(config)
+    m = config.model
+    vocab = m.vocab_size or tokenizer.vocab_size
+    torch.manual_seed(config.trainer.seed)
+    policy = TinyCausalLM(vocab, m.hidden_size, m.num_layers).to(device)
+    reference = copy.deepcopy(policy) if config.reference.enable else None
+    critic = TinyCausalLM(vocab, m.hidden_size, m.num_layers, out_dim=1).to(device) if config.critic.enable else None
+    return Workers(tokenizer=tokenizer, actor=TorchActor(policy, config, device=device),
+                   reference=TorchActor(reference, config, trainable=False, device=device) if reference else None,
+                   critic=TorchCritic(critic, config, device=device) if critic else None)
+
+
+def make_rollout(config: Config, workers: Workers) -> DebugRollout:
+    return DebugRollout(config, workers)

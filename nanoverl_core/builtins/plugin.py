@@ -1,0 +1,35 @@
+"""The core's own hook implementations: lazy strings only, so listing plugins imports nothing heavy."""
+
+from ..hookspecs import hookimpl
+
+_HERE = "nanoverl_core.builtins"
+
+
+@hookimpl
+def register_rollouts(register):
+    register("debug", f"{_HERE}.debug:make_rollout", description="token-by-token sampling with the debug worker's tiny model")
+
+
+@hookimpl
+def register_workers(register):
+    register("debug", f"{_HERE}.debug:make_workers", description="tiny pure-torch transformer over a character vocabulary")
+
+
+@hookimpl
+def register_advantage_estimators(register):
+    register("gae", "nanoverl_core.algos.advantages:gae", description="generalised advantage estimation (needs a critic)")
+    register("reinforce_plus_plus", "nanoverl_core.algos.advantages:reinforce_plus_plus",
+             description="discounted returns, whitened over the batch")
+
+
+@hookimpl
+def register_rewards(register):
+    register("exact_match", f"{_HERE}.rewards:exact_match", description="1 if the stripped response equals the ground truth")
+    register("char_match", f"{_HERE}.rewards:char_match", description="fraction of positions matching the ground truth")
+
+
+@hookimpl
+def register_trackers(register):
+    register("console", f"{_HERE}.trackers:ConsoleTracker", description="progress bar or one log line per step")
+    register("jsonl", f"{_HERE}.trackers:JsonlTracker", description="metrics.jsonl in the run directory")
+    register("mlflow", f"{_HERE}.mlflow_tracker:make_tracker", description="MLflow tracking store (nanoverl[mlflow])")

@@ -1,0 +1,478 @@
+"""The typed config tree: one attrs class per section, one docstring per field.
+
+Files are TOML, YAML or JSON; command-line overrides are dotted paths (``trainer.total_steps=20``).
+Structuring goes through cattrs with unknown keys forbidden, so a typo is reported with its key path
+and the closest valid key. Cross-field rules (batch sizes that divide, a critic setting with the
+critic off, ...) live in ``Config.validate`` and run before any model loads.
+"""
+
+import difflib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import attrs
+import cattrs
+import yaml
+
+from .errors import ConfigError
+
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                      "seq-mean-token-sum-norm"]
+KLEstimator = Literal["k1", "abs", "k2", "k3", "k1+", "abs+", "k2+", "k3+", "low_var_kl", "mse", "kl"]
+
+
+@attrs.define
+class TrainerConfig:
+    total_steps: int = 100
+    """Trainer steps (one rollout batch and one policy update each)."""
+    seed: int = 0
+    """Seeds python, numpy and torch; every run with the same seed and config is identical on CPU."""
+    output_dir: str = "runs/demo"
+    """The run directory: config.json, metrics.jsonl, rollouts/, checkpoints/."""
+    save_every: int = 50
+    """Checkpoint period in steps; 0 saves only at the end."""
+    val_every: int = 25
+    """Validation period in steps; 0 never validates."""
+    val_before_train: bool = False
+    """Validate once before the first step (logged as step 0)."""
+    resume: str = "auto"
+    """"auto" (newest complete checkpoint in output_dir), "never", or a checkpoint folder path."""
+    keep_checkpoints: int = 2
+    """How many complete checkpoints to keep; older ones are deleted after a successful save."""
+    critic_warmup: int = 0
+    """Steps during which only the critic is updated (the actor waits)."""
+    rollout_samples: int = 8
+    """Samples per step written to rollouts/step_<N>.jsonl; 0 writes none, -1 writes all."""
+    device: str = "auto"
+    """"auto" (cuda if available), "cpu", or "cuda" / "cuda:N"."""
+    num_threads: int = 0
+    """torch intra-op threads; 0 keeps torch's default. One thread is often fastest for tiny models."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A NaN/inf loss or gradient: "stop" ends the run (exit 1, last checkpoint kept), "skip" drops the update."""
+    progress: Literal["auto", "bar", "log", "none"] = "auto"
+    """Progress display: a bar on an interactive terminal, plain log lines otherwise."""
+
+
+@attrs.define
+class DataConfig:
+    train_files: list[str] = attrs.Factory(list)
+    """jsonl / json / parquet files of training prompts, loaded with `datasets`."""
+    val_files: list[str] = attrs.Factory(list)
+    """Validation files; empty disables validation."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt: a string, or a chat message list rendered with the chat template."""
+    data_source_key: str = "data_source"
+    """Column used to group validation summaries (val/<source>/reward/mean); missing -> "default"."""
+    batch_size: int = 16
+    """Prompts per step (before sampling n responses each)."""
+    val_batch_size: int = 64
+    """Prompts per validation generate call."""
+    max_prompt_length: int = 256
+    """Prompts with more tokens are filtered out at load time (the count is logged)."""
+    shuffle: bool = True
+    """Reshuffle the training prompts every epoch (seeded by trainer.seed and the epoch)."""
+    apply_chat_template: bool = True
+    """Render chat-format prompts through the tokenizer's chat template when it has one."""
+
+
+@attrs.define
+class ModelConfig:
+    path: str = ""
+    """A local Hugging Face model folder, or a .gguf file (see README); empty for the debug worker."""
+    tokenizer_path: str = ""
+    """Tokenizer folder if not the model folder."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for training and rollout."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    trust_remote_code: bool = False
+    """Allow model code from the model folder to run (off: only transformers' own classes)."""
+    vocab_size: int = 0
+    """Debug worker: vocabulary size (0: the size of its character tokenizer)."""
+    hidden_size: int = 64
+    """Debug worker: hidden size of its tiny transformer."""
+    num_layers: int = 2
+    """Debug worker: number of transformer blocks."""
+
+
+@attrs.define
+class RolloutConfig:
+    name: str = "debug"
+    """A registered rollout engine (`nanoverl-train plugins` lists them)."""
+    n: int = 1
+    """Responses sampled per prompt; rows sampled from one prompt share a uid."""
+    max_new_tokens: int = 32
+    """Maximum response length; generation stops earlier once every sequence hit EOS."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs for training use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 disables)."""
+    top_k: int = 0
+    """Top-k sampling (0 disables)."""
+    val_n: int = 1
+    """Samples per validation prompt (mean@n and best@n are logged)."""
+    val_temperature: float = 0.0
+    """Validation temperature; 0 is greedy."""
+    micro_batch_size: int = 0
+    """Rows per generate call; 0 generates the whole batch at once."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM: fraction of accelerator memory the engine may take."""
+
+
+@attrs.define
+class WorkerConfig:
+    name: str = "debug"
+    """A registered training backend (`nanoverl-train plugins` lists them)."""
+    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """FSDP: mixed-precision dtype of parameters in forward/backward."""
+    reduce_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """FSDP: dtype of gradient reduction."""
+
+
+@attrs.define
+class OptimConfig:
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = attrs.Factory(lambda: [0.9, 0.999])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up from 0 over this many optimizer steps."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Schedule after warm-up (decays to min_lr_ratio * lr at the run's last optimizer step)."""
+    min_lr_ratio: float = 0.0
+    """Floor of the cosine / linear decay as a fraction of lr."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+
+
+@attrs.define
+class ActorConfig(OptimConfig):
+    ppo_epochs: int = 1
+    """Passes over each step's rollouts."""
+    mini_batch_size: int = 0
+    """Prompts per optimizer step (with their n samples); 0 = data.batch_size (one update per epoch)."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward (gradient accumulation); 0 = the whole mini-batch."""
+    clip_ratio_low: float = 0.2
+    """PPO ratio clip below 1 (ratio >= 1 - clip_ratio_low)."""
+    clip_ratio_high: float = 0.2
+    """PPO ratio clip above 1 (clip-higher uses e.g. 0.28)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (> 1); the loss is capped at -A * clip_ratio_c."""
+    policy_loss: Literal["vanilla", "gspo"] = "vanilla"
+    """"vanilla": token-level PPO ratio; "gspo": sequence-level ratio (geometric mean over tokens)."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How token losses become one number (README lists when to use each)."""
+    loss_scale_factor: float = 0.0
+    """seq-mean-token-sum-norm divisor; 0 uses the response length budget (rollout.max_new_tokens)."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus coefficient (the loss subtracts entropy_coeff * entropy)."""
+    use_kl_loss: bool = False
+    """Add a KL(pi || ref) loss term (needs reference.enable)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss term."""
+    kl_loss_type: KLEstimator = "low_var_kl"
+    """KL estimator of the loss term: k1, abs, k2, k3 (= low_var_kl); a "+" suffix keeps the value but
+    takes the k2 gradient (straight-through)."""
+    log_ratio_clamp: float = 20.0
+    """The log-ratio is clamped to +-this before exp so the ratio cannot overflow."""
+
+
+@attrs.define
+class CriticConfig(OptimConfig):
+    enable: bool = False
+    """Train a value model (PPO with GAE); every other critic key needs this on."""
+    ppo_epochs: int = 1
+    """Passes over each step's rollouts for the critic."""
+    mini_batch_size: int = 0
+    """Prompts per critic optimizer step; 0 = data.batch_size."""
+    micro_batch_size: int = 0
+    """Rows per critic forward/backward; 0 = the whole mini-batch."""
+    cliprange_value: float = 0.5
+    """Value clipping around the old values (PPO-style)."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """Aggregation of the value loss."""
+
+
+@attrs.define
+class ReferenceConfig:
+    enable: bool = False
+    """Keep a frozen copy of the initial policy for KL (in the reward or as a loss)."""
+
+
+@attrs.define
+class AlgorithmConfig:
+    advantage_estimator: str = "gae"
+    """A registered advantage estimator: gae and reinforce_plus_plus in the core, grpo & co. in nanoverl-grpo."""
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 1.0
+    """GAE lambda."""
+    whiten_advantages: bool = False
+    """GAE: normalise advantages to zero mean / unit variance over valid tokens."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide by the group std (off gives Dr. GRPO)."""
+    epsilon: float = 1e-6
+    """Added to standard deviations before dividing."""
+    filter_groups: bool = False
+    """Drop groups whose rewards are all equal before the update (they carry no signal)."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_coef * KL(pi_old || ref) from the token-level reward (needs reference.enable)."""
+    kl_penalty: KLEstimator = "k1"
+    """KL estimator used in the reward."""
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    """Fixed kl_coef, or the adaptive controller of Ziegler et al. steering to target_kl."""
+    kl_coef: float = 0.001
+    """Initial / fixed coefficient of the in-reward KL penalty."""
+    target_kl: float = 0.1
+    """Adaptive controller: the KL it steers toward."""
+    kl_horizon: int = 10000
+    """Adaptive controller: horizon (in samples) of its proportional update."""
+    params: dict[str, Any] = attrs.Factory(dict)
+    """Settings for plugin estimators, passed through untouched."""
+
+
+@attrs.define
+class RewardConfig:
+    name: str = "exact_match"
+    """A registered reward function (`nanoverl-train plugins` lists them)."""
+    file: str = ""
+    """Optional path to a .py file defining the reward (runs its code; a warning says so)."""
+    function: str = "compute_score"
+    """Function name inside `file`."""
+    timeout_s: float = 0.0
+    """Per-call time limit in seconds (0: none). A call that runs over is an error."""
+    on_error: Literal["raise", "zero"] = "raise"
+    """A reward that raises, hangs or returns a non-finite score: "raise" stops (exit 2),
+    "zero" scores 0 and counts it in reward/errors."""
+
+
+@attrs.define
+class TrackingConfig:
+    trackers: list[str] = attrs.Factory(lambda: ["console", "jsonl"])
+    """Registered trackers; "mlflow" logs to an MLflow tracking store."""
+    experiment: str = "nanoverl"
+    """Experiment name (MLflow)."""
+    mlflow_uri: str = ""
+    """Empty: $MLFLOW_TRACKING_URI if set, else the embedded local store (sqlite next to the runs)."""
+    run_name: str = ""
+    """Run name; empty uses the run directory's name."""
+
+
+@attrs.define
+class Config:
+    trainer: TrainerConfig = attrs.Factory(TrainerConfig)
+    data: DataConfig = attrs.Factory(DataConfig)
+    model: ModelConfig = attrs.Factory(ModelConfig)
+    rollout: RolloutConfig = attrs.Factory(RolloutConfig)
+    worker: WorkerConfig = attrs.Factory(WorkerConfig)
+    actor: ActorConfig = attrs.Factory(lambda: ActorConfig(lr=1e-6))
+    critic: CriticConfig = attrs.Factory(CriticConfig)
+    reference: ReferenceConfig = attrs.Factory(ReferenceConfig)
+    algorithm: AlgorithmConfig = attrs.Factory(AlgorithmConfig)
+    reward: RewardConfig = attrs.Factory(RewardConfig)
+    tracking: TrackingConfig = attrs.Factory(TrackingConfig)
+
+    # ---- derived values ------------------------------------------------------------------------
+    @property
+    def actor_mini_batch_size(self) -> int:
+        """Prompts per actor optimizer step."""
+        return self.actor.mini_batch_size or self.data.batch_size
+
+    @property
+    def critic_mini_batch_size(self) -> int:
+        return self.critic.mini_batch_size or self.data.batch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return _converter.unstructure(self)
+
+    def validate(self) -> "Config":
+        """Reject impossible combinations before anything heavy loads."""
+        t, d, r, a, c, alg = self.trainer, self.data, self.rollout, self.actor, self.critic, self.algorithm
+        positive = {"trainer.total_steps": t.total_steps, "data.batch_size": d.batch_size,
+                    "data.val_batch_size": d.val_batch_size, "data.max_prompt_length": d.max_prompt_length,
+                    "rollout.n": r.n, "rollout.val_n": r.val_n, "rollout.max_new_tokens": r.max_new_tokens,
+                    "actor.ppo_epochs": a.ppo_epochs, "critic.ppo_epochs": c.ppo_epochs}
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{key} = {value} must be at least 1")
+        nonneg = {"trainer.save_every": t.save_every, "trainer.val_every": t.val_every,
+                  "trainer.critic_warmup": t.critic_warmup, "actor.mini_batch_size": a.mini_batch_size,
+                  "actor.micro_batch_size": a.micro_batch_size, "critic.mini_batch_size": c.mini_batch_size,
+                  "critic.micro_batch_size": c.micro_batch_size, "rollout.top_k": r.top_k,
+                  "actor.lr": a.lr, "critic.lr": c.lr, "rollout.temperature": r.temperature,
+                  "rollout.val_temperature": r.val_temperature, "reward.timeout_s": self.reward.timeout_s,
+                  "trainer.num_threads": t.num_threads}
+        for key, value in nonneg.items():
+            if value < 0:
+                raise ConfigError(f"{key} = {value} must not be negative")
+        if t.keep_checkpoints < 1:
+            raise ConfigError(f"trainer.keep_checkpoints = {t.keep_checkpoints} must be at least 1 "
+                              "(a resumable run needs its newest checkpoint)")
+        if not 0 < r.top_p <= 1:
+            raise ConfigError(f"rollout.top_p = {r.top_p} must be in (0, 1]")
+        if r.temperature == 0:
+            raise ConfigError("rollout.temperature = 0 is greedy, which gives every sample of a prompt the same "
+                              "response; use a positive temperature for training (val_temperature may be 0)")
+        for section, mini, micro in (("actor", self.actor_mini_batch_size, a.micro_batch_size),
+                                     ("critic", self.critic_mini_batch_size, c.micro_batch_size)):
+            if d.batch_size % mini:
+                raise ConfigError(f"{section}.mini_batch_size = {mini} must divide data.batch_size = {d.batch_size}")
+            if micro and (mini * r.n) % micro:
+                raise ConfigError(f"{section}.micro_batch_size = {micro} must divide the mini-batch's rows "
+                                  f"({section}.mini_batch_size * rollout.n = {mini * r.n})")
+        if a.clip_ratio_c <= 1:
+            raise ConfigError(f"actor.clip_ratio_c = {a.clip_ratio_c} must be greater than 1 (dual-clip bound)")
+        if not c.enable:
+            changed = _changed_fields(c, CriticConfig(), ignore={"enable"})
+            if changed:
+                raise ConfigError(f"critic.{changed[0]} is set but critic.enable = false; "
+                                  "set critic.enable = true or remove the critic keys")
+        needs_ref = [k for k, on in (("actor.use_kl_loss", a.use_kl_loss),
+                                     ("algorithm.use_kl_in_reward", alg.use_kl_in_reward)) if on]
+        if needs_ref and not self.reference.enable:
+            raise ConfigError(f"{needs_ref[0]} = true needs a reference policy; set reference.enable = true")
+        if not 0 <= alg.gamma <= 1 or not 0 <= alg.lam <= 1:
+            raise ConfigError("algorithm.gamma and algorithm.lam must be in [0, 1]")
+        if not self.data.train_files:
+            raise ConfigError("data.train_files is empty; name at least one jsonl / json / parquet file")
+        return self
+
+
+def _changed_fields(obj: Any, default: Any, ignore: set[str]) -> list[str]:
+    return [f.name for f in attrs.fields(type(obj))
+            if f.name not in ignore and getattr(obj, f.name) != getattr(default, f.name)]
+
+
+# ---- loading --------------------------------------------------------------------------------------
+_converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; check the --config path")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"config file {path} must end in .toml, .yaml, .yml or .json")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"config file {path} cannot be parsed: {detail}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _parse_value(text: str) -> Any:
+    """An override value: JSON / YAML scalars and lists (`20`, `true`, `[console, jsonl]`), else a string."""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _field_type(parts: list[str]) -> Any:
+    """The declared type at a dotted path, or None if the path is not in the schema."""
+    cls: Any = Config
+    for part in parts:
+        if not (isinstance(cls, type) and attrs.has(cls)):
+            return None
+        field = attrs.fields_dict(cls).get(part)
+        if field is None:
+            return None
+        cls = field.type
+    return cls
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one `section.key=value` override. Values are parsed as YAML scalars or lists, except
+    for string keys, which take the text as written (`trainer.output_dir=runs/007`)."""
+    key, sep, value = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {override!r} must look like section.key=value")
+    parts = key.strip().split(".")
+    ftype = _field_type(parts)
+    is_text = ftype is str or (get_origin(ftype) is Literal and all(isinstance(a, str) for a in get_args(ftype)))
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {part} is a value, not a section")
+        node = child
+    node[parts[-1]] = value if is_text else _parse_value(value)
+
+
+def _known_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    for field in attrs.fields(cls):
+        path = f"{prefix}{field.name}"
+        keys.append(path)
+        if attrs.has(field.type if isinstance(field.type, type) else object):
+            keys += _known_keys(field.type, path + ".")
+    return keys
+
+
+def _check_keys(data: dict[str, Any], cls: type, prefix: str = "") -> None:
+    """Unknown keys, reported with their full path and the closest known key."""
+    fields = {f.name: f for f in attrs.fields(cls)}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            known = [f"{prefix}{name}" for name in fields]
+            close = difflib.get_close_matches(path, _known_keys(Config), n=1, cutoff=0.6) or \
+                difflib.get_close_matches(path, known, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys here: {', '.join(known)}"
+            raise ConfigError(f"unknown config key {path!r}{hint}")
+        ftype = fields[key].type
+        if isinstance(ftype, type) and attrs.has(ftype):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {path!r} is a section; write it as a table of keys, not {value!r}")
+            _check_keys(value, ftype, path + ".")
+
+
+def _type_error(exc: Exception) -> str:
+    """The first leaf of a cattrs error, as 'key: message'."""
+    for message in cattrs.transform_error(exc, path="$"):
+        text, _, where = message.partition(" @ ")
+        where = where.removeprefix("$.").replace("$", "")
+        return f"config key {where!r}: {text}"
+    return str(exc)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a TOML / YAML / JSON config, apply dotted overrides, structure and validate it."""
+    data = _read_file(Path(path)) if path else {}
+    for override in overrides:
+        apply_override(data, override)
+    _check_keys(data, Config)
+    try:
+        config = _converter.structure(data, Config)
+    except Exception as exc:  # cattrs wraps every leaf error in a ClassValidationError
+        raise ConfigError(_type_error(exc) + "; fix the value's type in the config or override") from None
+    return config.validate()
+
+
+# cattrs accepts 1 for a bool and "3" for an int; a config typo should not pass silently.
+def _strict(kind: type):
+    def structure(value: Any, _: type) -> Any:
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if not ok:
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    return structure
+
+
+for _kind in (bool, int, float, str):
+    _converter.register_structure_hook(_kind, _strict(_kind))

@@ -1,0 +1,148 @@
+"""Prompt datasets and the stateful sampler.
+
+Files are read with `datasets` (jsonl / json / parquet). Prompts are tokenized once at load time;
+chat-format prompts (a list of {"role", "content"} messages) go through the tokenizer's chat
+template when it has one. Prompts longer than `data.max_prompt_length` are dropped and counted.
+The sampler's state (epoch, position) goes into every checkpoint, so a resumed run continues at
+exactly the next prompt.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from .batch import RLBatch
+from .config import DataConfig
+from .errors import DataError
+
+_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@attrs.define
+class PromptDataset:
+    rows: list[dict[str, Any]]
+    """The dataset rows as read (handed to reward functions as `sample`)."""
+    prompt_ids: list[list[int]]
+    texts: list[str]
+    """The prompt as the model sees it (after the chat template)."""
+    num_filtered: int = 0
+    """Prompts dropped for being longer than data.max_prompt_length."""
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    rows: list[dict[str, Any]] = []
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise DataError(f"{key}: data file {name} does not exist; check the path")
+        fmt = _FORMATS.get(path.suffix)
+        if fmt is None:
+            raise DataError(f"{key}: data file {name} must end in .jsonl, .json or .parquet")
+        try:
+            ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
+        except Exception as exc:  # datasets raises many types for malformed files
+            detail = " ".join(str(exc).split())[:300]
+            raise DataError(f"{key}: data file {name} cannot be read ({type(exc).__name__}: {detail}); "
+                            "fix or regenerate the file") from None
+        if len(ds) == 0:
+            raise DataError(f"{key}: data file {name} has no rows")
+        rows.extend({"__file__": name, "__row__": i, **row} for i, row in enumerate(ds))
+    return rows
+
+
+def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer) -> str:
+    prompt = row.get(cfg.prompt_key)
+    where = f"{row['__file__']} row {row['__row__']}"
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "content" in m for m in prompt):
+        if cfg.apply_chat_template and getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return "\n".join(str(m["content"]) for m in prompt)
+    if prompt is None:
+        raise DataError(f"{where} has no {cfg.prompt_key!r} column; set data.prompt_key to the prompt column "
+                        f"(this row has {', '.join(k for k in row if not k.startswith('__'))})")
+    raise DataError(f"{where}: {cfg.prompt_key!r} must be a string or a list of chat messages "
+                    f"with 'content', got {type(prompt).__name__}")
+
+
+def load_prompts(files: list[str], cfg: DataConfig, tokenizer, key: str = "data.train_files") -> PromptDataset:
+    rows = read_rows(files, key)
+    kept_rows, ids, texts = [], [], []
+    for row in rows:
+        text = render_prompt(row, cfg, tokenizer)
+        tokens = tokenizer.encode(text, add_special_tokens=False) if getattr(tokenizer, "chat_template", None) \
+            else tokenizer.encode(text)
+        if not tokens:
+            raise DataError(f"{row['__file__']} row {row['__row__']}: the prompt is empty")
+        if len(tokens) <= cfg.max_prompt_length:
+            kept_rows.append({k: v for k, v in row.items() if not k.startswith("__")})
+            ids.append(tokens)
+            texts.append(text)
+    dropped = len(rows) - len(kept_rows)
+    if dropped:
+        print(f"warning: {key}: dropped {dropped} of {len(rows)} prompts longer than "
+              f"data.max_prompt_length={cfg.max_prompt_length} tokens", file=sys.stderr)
+    if not kept_rows:
+        raise DataError(f"{key}: every prompt is longer than data.max_prompt_length={cfg.max_prompt_length}; "
+                        "raise it or shorten the prompts")
+    return PromptDataset(kept_rows, ids, texts, dropped)
+
+
+def collate(ds: PromptDataset, indices: list[int], pad_token_id: int, data_source_key: str) -> RLBatch:
+    """Left-padded prompts (B, P) and their mask, plus the rows as non-tensor columns."""
+    width = max(len(ds.prompt_ids[i]) for i in indices)
+    prompts = torch.full((len(indices), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(indices), width), dtype=torch.long)
+    for r, i in enumerate(indices):
+        tokens = ds.prompt_ids[i]
+        prompts[r, width - len(tokens):] = torch.tensor(tokens)
+        mask[r, width - len(tokens):] = 1
+    rows = [ds.rows[i] for i in indices]
+    return RLBatch({"prompts": prompts, "prompt_mask": mask},
+                   {"prompt_text": [ds.texts[i] for i in indices], "row": rows, "index": list(indices),
+                    "data_source": [str(row.get(data_source_key, "default")) for row in rows]})
+
+
+class StatefulSampler:
+    """Batches of dataset indices, reshuffled every epoch from (seed, epoch); its state is two ints.
+
+    An epoch's tail that cannot fill a batch is skipped, so every batch has `batch_size` prompts.
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int, shuffle: bool = True):
+        if size < batch_size:
+            raise DataError(f"data.batch_size = {batch_size} but the training data has only {size} prompts; "
+                            "lower data.batch_size or add data")
+        self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        gen = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        return torch.randperm(self.size, generator=gen).tolist()
+
+    def next_indices(self) -> list[int]:
+        if self.position + self.batch_size > self.size:
+            self.epoch, self.position = self.epoch + 1, 0
+        indices = self._order()[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return indices
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

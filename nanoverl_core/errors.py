@@ -1,0 +1,30 @@
+"""User-facing errors.
+
+Every mistake a user can make (a bad config key, an unknown plugin name, a missing file, a malformed
+data row) raises a subclass of `UserError`. The CLI turns any `UserError` into exit status 2 and one
+line on stderr that starts with `error:`; anything else escaping the CLI is a bug.
+"""
+
+
+class UserError(Exception):
+    """A mistake the user can fix: the message says what is wrong, where, and how to fix it."""
+
+
+class ConfigError(UserError):
+    """A config file or override is malformed, names an unknown key, or has a wrong type or value."""
+
+
+class PluginError(UserError):
+    """A plugin failed to import, two plugins claim one name, or a requested name is not registered."""
+
+
+class DataError(UserError):
+    """A data file is missing, empty, or has a malformed row."""
+
+
+class RewardError(UserError):
+    """A reward function raised, timed out, or returned something that is not a finite score."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, incomplete, or cannot be written."""

@@ -1,0 +1,190 @@
+"""Plugin discovery and the registries.
+
+Plugins are modules named by entry points in the group ``nanoverl``. Each is loaded on its own, so
+one that fails to import is reported by name instead of breaking every command. The core's
+built-ins are registered through the same hooks, under the distribution name ``nanoverl``.
+
+One ``Registry`` holds a table per kind (rollout, worker, advantage_estimator, reward, tracker),
+records which distribution provided each name, resolves ``"module:attr"`` strings only when a name
+is selected, and raises one ``PluginError`` format for duplicates and unknown names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+from importlib.metadata import entry_points
+from typing import Any
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError
+from .hookspecs import HOOKS, PROJECT
+
+KINDS = tuple(HOOKS.values())
+CORE_DIST = "nanoverl"
+
+# Names provided by first-party plugins, so an unknown name can say what to install.
+FIRST_PARTY: dict[tuple[str, str], str] = {
+    ("worker", "hf"): "hf", ("rollout", "hf"): "hf", ("reward", "gsm8k"): "hf",
+    ("worker", "fsdp"): "fsdp", ("rollout", "vllm"): "vllm", ("tracker", "mlflow"): "mlflow",
+    **{("advantage_estimator", n): "grpo"
+       for n in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk")},
+}
+
+
+@attrs.define
+class Entry:
+    kind: str
+    name: str
+    obj: Any
+    """The registered object, or a "module:attr" string imported on first use."""
+    provider: str
+    """Distribution that registered it."""
+    description: str = ""
+
+
+@attrs.define
+class PluginInfo:
+    dist: str
+    version: str
+    module: str
+    hooks: list[str] = attrs.Factory(list)
+    names: dict[str, list[str]] = attrs.Factory(dict)
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+class Registry:
+    """Every registered name, per kind, with its provider."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+        self.plugins: list[PluginInfo] = []
+        self._loaded: dict[tuple[str, str], Any] = {}
+
+    def add(self, kind: str, name: str, obj: Any, provider: str, description: str = "") -> None:
+        if kind not in self.entries:
+            raise PluginError(f"plugin {provider}: unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"plugin {provider} registered a {kind} with an invalid name {name!r}")
+        if name in self.entries[kind]:
+            other = self.entries[kind][name].provider
+            raise PluginError(f"{kind} name {name!r} is registered by both {other} and {provider}; "
+                              f"uninstall one, or set NANOVERL_DISABLE_PLUGINS={provider}")
+        self.entries[kind][name] = Entry(kind, name, obj, provider, description)
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self.entries[kind])
+
+    def entry(self, kind: str, name: str, key: str | None = None) -> Entry:
+        """The entry for a name, or a PluginError listing what exists and what to install."""
+        if name in self.entries[kind]:
+            return self.entries[kind][name]
+        where = f"{key} = {name!r}" if key else f"{kind} {name!r}"
+        available = self.names(kind)
+        msg = f"{where}: no {kind} of that name is registered; available: {', '.join(available) or 'none'}"
+        close = difflib.get_close_matches(name, available, n=1)
+        if close:
+            msg += f"; did you mean {close[0]!r}?"
+        extra = FIRST_PARTY.get((kind, name))
+        if extra:
+            msg += f'; it is provided by nanoverl-{extra}: pip install "nanoverl[{extra}]"'
+        raise PluginError(msg)
+
+    def get(self, kind: str, name: str, key: str | None = None) -> Any:
+        """The registered object, importing a "module:attr" string the first time."""
+        entry = self.entry(kind, name, key)
+        if (kind, name) not in self._loaded:
+            obj = entry.obj
+            if isinstance(obj, str):
+                module, _, attr = obj.partition(":")
+                try:
+                    obj = getattr(importlib.import_module(module), attr)
+                except ImportError as exc:
+                    extra = FIRST_PARTY.get((kind, name))
+                    fix = f'pip install "nanoverl[{extra}]"' if extra else f"install what {entry.provider} needs"
+                    raise PluginError(f"{kind} {name!r} from {entry.provider} cannot be imported ({exc}); "
+                                      f"{fix}") from None
+                except AttributeError:
+                    raise PluginError(f"{kind} {name!r} from {entry.provider} points at {entry.obj!r}, "
+                                      f"which does not exist; this is a bug in {entry.provider}") from None
+            self._loaded[(kind, name)] = obj
+        return self._loaded[(kind, name)]
+
+    def check_imports(self) -> None:
+        """Raise for the first plugin that failed to import (training refuses to run half-loaded)."""
+        for info in self.plugins:
+            if info.error:
+                raise PluginError(f"plugin {info.dist} failed to import ({info.error}); fix or uninstall it, "
+                                  f"or set NANOVERL_DISABLE_PLUGINS={info.dist}")
+
+    def versions(self) -> dict[str, str]:
+        return {p.dist: p.version for p in self.plugins}
+
+
+def _env_list(name: str) -> set[str] | None:
+    value = os.environ.get(name)
+    return None if value is None else {v.strip() for v in value.split(",") if v.strip()}
+
+
+def make_plugin_manager() -> tuple[pluggy.PluginManager, list[PluginInfo]]:
+    """A plugin manager with the built-ins and every allowed, importable entry-point plugin."""
+    from .builtins import plugin as builtins
+
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(hookspecs)
+    infos = [PluginInfo(CORE_DIST, _version(CORE_DIST), builtins.__name__)]
+    pm.register(builtins, name=CORE_DIST)
+    only, blocked = _env_list("NANOVERL_LOAD_PLUGINS"), _env_list("NANOVERL_DISABLE_PLUGINS") or set()
+    seen: set[str] = set()
+    for ep in sorted(entry_points(group=PROJECT), key=lambda e: e.name):
+        if ep.name in seen or ep.name in blocked or (only is not None and ep.name not in only):
+            continue
+        seen.add(ep.name)
+        info = PluginInfo(ep.name, ep.dist.version if ep.dist else "?", ep.value)
+        infos.append(info)
+        try:
+            module = ep.load()
+            pm.register(module, name=ep.name)
+        except Exception as exc:  # a broken plugin must not break every command
+            info.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {exc.plugin_name} implements an unknown hook ({exc}); "
+                          f"the hooks are {', '.join(HOOKS)}") from None
+    return pm, infos
+
+
+def load_registry() -> Registry:
+    """Discover plugins as nanoverl-train does and fill one registry per kind."""
+    pm, infos = make_plugin_manager()
+    registry = Registry()
+    registry.plugins = infos
+    by_dist = {info.dist: info for info in infos}
+    for hook_name, kind in HOOKS.items():
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            provider = impl.plugin_name
+            info = by_dist[provider]
+            info.hooks.append(hook_name)
+
+            def register(name: str, obj: Any, *, description: str = "", _kind=kind, _by=provider) -> None:
+                registry.add(_kind, name, obj, _by, description)
+                by_dist[_by].names.setdefault(_kind, []).append(name)
+
+            impl.function(register=register)
+    return registry
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "0+unknown"

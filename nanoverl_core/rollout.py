@@ -1,0 +1,70 @@
+"""What a rollout engine receives and returns.
+
+A rollout plugin registers ``make_rollout(config, workers) -> Rollout``. The trainer hands it a batch
+whose rows are already repeated ``rollout.n`` times (rows of one prompt share a ``uid``) and holding
+``prompts`` / ``prompt_mask`` (left-padded, ``(B, P)``). ``generate`` returns a batch with the same
+rows in the same order holding ``responses`` and ``response_mask`` (``(B, R)``, right-padded; the mask
+covers tokens up to and including EOS), built with ``responses_to_batch`` so every engine builds them
+the same way, and optionally ``rollout_log_probs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+import torch
+
+from .batch import RLBatch
+
+
+@attrs.frozen
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Rollout(Protocol):
+    def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
+        """Sample one response per row of ``batch`` (see the module docstring)."""
+
+    def sync_weights(self, actor) -> None:
+        """Make the next ``generate`` use the actor's current weights."""
+
+
+def responses_to_batch(responses: Sequence[Sequence[int]], *, eos_token_id: int | Sequence[int],
+                       pad_token_id: int, max_new_tokens: int,
+                       log_probs: Sequence[Sequence[float]] | None = None) -> RLBatch:
+    """Right-pad generated token lists into ``responses`` / ``response_mask`` (B, R).
+
+    Each list is cut after its first EOS (kept, and covered by the mask) and at ``max_new_tokens``.
+    R is the longest kept response, so a batch that stopped early is not padded to the budget.
+    """
+    eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    kept: list[list[int]] = []
+    for tokens in responses:
+        tokens = list(tokens)[:max_new_tokens]
+        stop = next((i for i, tok in enumerate(tokens) if tok in eos), None)
+        kept.append(tokens if stop is None else tokens[: stop + 1])
+    width = max(1, max(len(t) for t in kept))
+    ids = torch.full((len(kept), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(kept), width), dtype=torch.float32)
+    for row, tokens in enumerate(kept):
+        ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, : len(tokens)] = 1.0
+    out = RLBatch({"responses": ids, "response_mask": mask})
+    if log_probs is not None:
+        lp = torch.zeros((len(kept), width), dtype=torch.float32)
+        for row, (tokens, values) in enumerate(zip(kept, log_probs)):
+            lp[row, : len(tokens)] = torch.tensor(list(values)[: len(tokens)], dtype=torch.float32)
+        out["rollout_log_probs"] = lp
+    return out

@@ -1,0 +1,130 @@
+"""Atomic, unpickling-free checkpoints.
+
+Layout: ``<output_dir>/checkpoints/step_<N>/`` with ``actor/`` and ``critic/`` (the workers' own
+files: safetensors weights, weights-only optimizer tensors, JSON schedules), ``rng.safetensors``
+(torch generators) and ``state.json`` (step, sampler, KL controller, tracker states, python and
+numpy RNG). A checkpoint is written into a hidden temporary folder and renamed into place, so a
+folder named ``step_<N>`` is always complete; a kill mid-save leaves only a temporary folder, which
+the next start deletes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError
+from .dist import barrier, is_rank0
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_root(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def clean_partial(root: Path) -> None:
+    """Delete temporary folders left by a save that was killed."""
+    if root.is_dir() and is_rank0():
+        for p in root.glob(".tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    py = random.getstate()
+    np_state = np.random.get_state()
+    json_state = {"python": [py[0], list(py[1]), py[2]],
+                  "numpy": [np_state[0], np_state[1].tolist(), *[x for x in np_state[2:]]]}
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda{i}"] = state
+    return json_state, tensors
+
+
+def set_rng_state(json_state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    py = json_state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    name, keys, *rest = json_state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(tensors["torch"])
+    if torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[f"cuda{i}"] for i in range(torch.cuda.device_count())
+                                      if f"cuda{i}" in tensors])
+
+
+def save_checkpoint(root: Path, step: int, workers, state: dict[str, Any], keep: int) -> Path:
+    """Write step_<step> atomically, then keep only the newest `keep` checkpoints."""
+    from safetensors.torch import save_file
+
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp-step_{step:06d}"
+    try:
+        if is_rank0():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        barrier()
+        workers.actor.save(tmp / "actor")
+        if workers.critic is not None:
+            workers.critic.save(tmp / "critic")
+        barrier()
+        if is_rank0():
+            json_state, tensors = rng_state()
+            save_file(tensors, str(tmp / "rng.safetensors"))
+            (tmp / "state.json").write_text(json.dumps({**state, "rng": json_state}))
+            _fsync_tree(tmp)
+            if final.exists():  # the same step saved by an earlier run that was not resumed from it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            for old in complete_checkpoints(root)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        barrier()
+    except OSError as exc:
+        if is_rank0():
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = [p.name for p in complete_checkpoints(root)]
+        kept = f"the newest complete checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointError(f"could not write checkpoint step {step} under {root} ({exc.strerror or exc}); "
+                              f"{kept}; free disk space or change trainer.output_dir, then rerun to resume") from None
+    return final
+
+
+def _fsync_tree(path: Path) -> None:
+    for file in path.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def load_checkpoint(path: Path, workers) -> dict[str, Any]:
+    """Restore workers and RNG from a complete checkpoint; return the trainer state."""
+    from safetensors.torch import load_file
+
+    if not (path / "state.json").is_file():
+        raise CheckpointError(f"trainer.resume: {path} is not a complete nanoverl checkpoint (no state.json); "
+                              "name a checkpoints/step_<N> folder, or use resume=auto")
+    workers.actor.load(path / "actor")
+    if workers.critic is not None:
+        if not (path / "critic").is_dir():
+            raise CheckpointError(f"trainer.resume: {path} has no critic but critic.enable = true; "
+                                  "resume with the config the run was started with")
+        workers.critic.load(path / "critic")
+    state = json.loads((path / "state.json").read_text())
+    set_rng_state(state.pop("rng"), load_file(str(path / "rng.safetensors")))
+    return state

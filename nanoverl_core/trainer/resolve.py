@@ -1,0 +1,42 @@
+"""Resolve every plugin name a config uses, before any model loads, so a typo fails in a second."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import Config
+from ..errors import ConfigError
+from ..plugins import Registry
+from ..reward import RewardScorer
+
+
+def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool = True) -> dict[str, Any]:
+    """The objects the run uses (worker and rollout factories imported only if `import_backends`)."""
+    registry.check_imports()
+    for kind, name, key in (("worker", config.worker.name, "worker.name"),
+                            ("rollout", config.rollout.name, "rollout.name")):
+        registry.entry(kind, name, key)
+    estimator = registry.get("advantage_estimator", config.algorithm.advantage_estimator,
+                             key="algorithm.advantage_estimator")
+    if getattr(estimator, "requires_critic", False) and not config.critic.enable:
+        raise ConfigError(f"algorithm.advantage_estimator = {config.algorithm.advantage_estimator!r} needs a critic; "
+                          "set critic.enable = true, or pick an estimator without one (e.g. grpo)")
+    resolved = {"estimator": estimator, "reward": RewardScorer(config.reward, registry),
+                "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
+    if import_backends:
+        resolved["worker"] = registry.get("worker", config.worker.name, key="worker.name")
+        resolved["rollout"] = registry.get("rollout", config.rollout.name, key="rollout.name")
+    return resolved
+
+
+def describe(config: Config, registry: Registry) -> dict[str, Any]:
+    """What --dry-run prints: the resolved config and which distribution provides each chosen name."""
+    resolve_plugins(config, registry, import_backends=False)
+    chosen = [("worker", config.worker.name), ("rollout", config.rollout.name),
+              ("advantage_estimator", config.algorithm.advantage_estimator)]
+    if not config.reward.file:
+        chosen.append(("reward", config.reward.name))
+    chosen += [("tracker", name) for name in config.tracking.trackers]
+    return {"config": config.to_dict(),
+            "plugins": [{"kind": k, "name": n, "provider": registry.entry(k, n).provider} for k, n in chosen],
+            "versions": registry.versions()}

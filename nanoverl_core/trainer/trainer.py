@@ -1,0 +1,278 @@
+"""The synchronous trainer: one RL step, top to bottom, in the order of the seed overview.
+
+    1. load a batch of prompts            7. token-level rewards and advantages
+    2. expand each prompt n times         8. update the critic
+    3. rollout                            9. update the actor
+    4. reward                            10. sync rollout weights
+    5. old log-probs                     11. log, validate, checkpoint
+    6. reference log-probs and values
+
+Each stage is one named call, timed into ``timing/<stage>``. Everything the step needs (workers,
+rollout, reward, estimator, trackers) is resolved from the registry before the first model loads.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..algos import apply_kl_penalty, filter_uniform_groups, kl_penalty, make_kl_controller, masked_mean
+from ..batch import RLBatch
+from ..config import Config
+from ..data import StatefulSampler, collate, load_prompts
+from ..errors import CheckpointError
+from ..plugins import Registry
+from ..reward import place_scores
+from ..rollout import SamplingParams
+from ..workers import NonFiniteError
+from .checkpoint import checkpoint_root, clean_partial, complete_checkpoints, load_checkpoint, save_checkpoint
+from .dist import is_rank0
+from .resolve import resolve_plugins
+from .validation import validate
+
+
+class Trainer:
+    def __init__(self, config: Config, registry: Registry):
+        self.config = cfg = config
+        self.run_dir = Path(cfg.trainer.output_dir)
+        plugins = resolve_plugins(cfg, registry)
+        self.estimator, self.reward = plugins["estimator"], plugins["reward"]
+        seed_everything(cfg.trainer.seed)
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+
+        resume_from = self._find_resume()
+        self.workers = plugins["worker"](cfg)
+        self.tokenizer = self.workers.tokenizer
+        self.rollout = plugins["rollout"](cfg, self.workers)
+        self.train_data = load_prompts(cfg.data.train_files, cfg.data, self.tokenizer)
+        self.val_data = load_prompts(cfg.data.val_files, cfg.data, self.tokenizer, "data.val_files") \
+            if cfg.data.val_files else None
+        self.sampler = StatefulSampler(len(self.train_data), cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
+        self.kl_ctrl = make_kl_controller(cfg.algorithm)
+        self.step = 0
+
+        tracker_states: dict[str, Any] = {}
+        if resume_from is not None:
+            state = load_checkpoint(resume_from, self.workers)
+            self.step = state["step"]
+            self.sampler.load_state_dict(state["sampler"])
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+            tracker_states = state["trackers"]
+            self.rollout.sync_weights(self.workers.actor)
+            print(f"resumed from {resume_from} (step {self.step})", file=sys.stderr)
+        if is_rank0():
+            self._write_run_config(registry)
+        self.trackers = {}
+        if is_rank0():
+            for name, make in zip(cfg.tracking.trackers, plugins["trackers"]):
+                self.trackers[name] = make(cfg, self.run_dir, tracker_states.get(name, {} if resume_from else None))
+
+    # ---- setup helpers ---------------------------------------------------------------------------
+    def _find_resume(self) -> Path | None:
+        mode, root = self.config.trainer.resume, checkpoint_root(self.run_dir)
+        clean_partial(root)
+        existing = complete_checkpoints(root)
+        if mode == "never":
+            if existing:
+                raise CheckpointError(f"trainer.output_dir {self.run_dir} already holds checkpoints of an earlier run; "
+                                      "use trainer.resume=auto to continue it, or pick another trainer.output_dir")
+            return None
+        if mode == "auto":
+            return existing[-1] if existing else None
+        path = Path(mode)
+        if not path.is_dir():
+            raise CheckpointError(f"trainer.resume = {mode!r} is not a folder; use auto, never or a checkpoint path")
+        return path
+
+    def _write_run_config(self, registry: Registry) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / "config.json.tmp"
+        tmp.write_text(json.dumps({"config": self.config.to_dict(), "plugins": registry.versions()}, indent=2))
+        tmp.replace(self.run_dir / "config.json")
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        cfg, metrics = self.config.trainer, {}
+        success = False
+        try:
+            if cfg.val_before_train and self.step == 0 and self.val_data is not None:
+                self._log(validate(self), step=0)
+            while self.step < cfg.total_steps:
+                self.step += 1
+                metrics = self.train_step()
+                last = self.step == cfg.total_steps
+                if self.val_data is not None and cfg.val_every and (self.step % cfg.val_every == 0 or last):
+                    metrics.update(validate(self))
+                self._log(metrics, self.step)
+                if last or (cfg.save_every and self.step % cfg.save_every == 0):
+                    self.save()
+            success = True
+        finally:
+            self._tracker_call("close", success)
+        return metrics
+
+    def train_step(self) -> dict[str, float]:
+        cfg, timing, metrics = self.config, {}, {}
+        with timed(timing, "step"):
+            with timed(timing, "data"):
+                batch = self.next_batch()                                   # 1. prompts
+                batch = expand(batch, cfg.rollout.n)                        # 2. n samples per prompt
+            with timed(timing, "rollout"):
+                batch.update(self.rollout.generate(batch, self.sampling()))   # 3. responses
+            with timed(timing, "reward"):
+                scores, reward_metrics = self.score(batch)                  # 4. sequence scores
+                metrics.update(reward_metrics)
+            if cfg.algorithm.filter_groups:
+                batch, dropped = filter_uniform_groups(batch, scores)
+                metrics["rollout/filtered_groups"] = float(dropped)
+                if len(batch) == 0:
+                    print(f"warning: step {self.step}: every group had equal rewards; no update", file=sys.stderr)
+                    return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
+            with timed(timing, "old_log_probs"):
+                batch["old_log_probs"] = self.workers.actor.compute_log_probs(batch)   # 5.
+            if self.workers.reference is not None:
+                with timed(timing, "ref_log_probs"):
+                    batch["ref_log_probs"] = self.workers.reference.compute_log_probs(batch)  # 6.
+            if self.workers.critic is not None:
+                with timed(timing, "values"):
+                    batch["values"] = self.workers.critic.compute_values(batch)
+            with timed(timing, "advantages"):
+                metrics.update(self.compute_advantages(batch))              # 7.
+            try:
+                if self.workers.critic is not None:
+                    with timed(timing, "critic_update"):
+                        metrics.update(self.workers.critic.update(batch))   # 8.
+                if self.step > cfg.trainer.critic_warmup:
+                    with timed(timing, "actor_update"):
+                        metrics.update(self.workers.actor.update(batch))    # 9.
+                    with timed(timing, "weight_sync"):
+                        self.rollout.sync_weights(self.workers.actor)       # 10.
+            except NonFiniteError as exc:
+                if cfg.trainer.on_nonfinite == "stop":
+                    raise
+                print(f"warning: step {self.step}: {exc}; skipped (trainer.on_nonfinite=skip)", file=sys.stderr)
+                metrics["actor/skipped_updates"] = 1.0
+        metrics.update(batch_metrics(batch, timing))                        # 11. (logged by fit)
+        self.write_rollouts(batch)
+        return metrics
+
+    # ---- the stages ----------------------------------------------------------------------------------
+    def next_batch(self) -> RLBatch:
+        indices = self.sampler.next_indices()
+        return collate(self.train_data, indices, self.tokenizer.pad_token_id, self.config.data.data_source_key)
+
+    def sampling(self, validation: bool = False) -> SamplingParams:
+        r = self.config.rollout
+        return SamplingParams(max_new_tokens=r.max_new_tokens, top_p=r.top_p, top_k=r.top_k,
+                              temperature=r.val_temperature if validation else r.temperature)
+
+    def score(self, batch: RLBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Decode responses, score them, put each score on its last response token."""
+        texts = [self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+                 for ids, mask in zip(batch["responses"], batch["response_mask"])]
+        scores, metrics = self.reward.score(batch, texts)
+        batch["response_text"] = texts
+        batch["score"] = scores
+        batch["token_level_scores"] = place_scores(scores, batch["response_mask"])
+        metrics["reward/mean"] = float(scores.mean())
+        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
+        return scores, metrics
+
+    def compute_advantages(self, batch: RLBatch) -> dict[str, float]:
+        alg, metrics = self.config.algorithm, {}
+        if alg.use_kl_in_reward:
+            batch["token_level_rewards"], metrics = apply_kl_penalty(
+                batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_probs"],
+                batch["response_mask"], self.kl_ctrl, alg.kl_penalty)
+        else:
+            batch["token_level_rewards"] = batch["token_level_scores"]
+        if "ref_log_probs" in batch:
+            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], "k1")
+            metrics["actor/ref_kl"] = float(masked_mean(kl, batch["response_mask"]))
+        advantages, returns = self.estimator(batch, alg)
+        batch["advantages"], batch["returns"] = advantages, returns
+        metrics["advantages/mean"] = float(masked_mean(advantages, batch["response_mask"]))
+        return metrics
+
+    # ---- outputs -------------------------------------------------------------------------------------
+    def _tracker_call(self, method: str, *args) -> None:
+        """Trackers never kill training: a failure is a warning, metrics.jsonl stays the record."""
+        for name, tracker in self.trackers.items():
+            try:
+                getattr(tracker, method)(*args)
+            except Exception as exc:
+                print(f"warning: tracker {name}: {method} failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        self._tracker_call("log_metrics", metrics, step)
+
+    def write_rollouts(self, batch: RLBatch) -> None:
+        k = self.config.trainer.rollout_samples
+        if not k or not is_rank0():
+            return
+        rows = [{"uid": batch["uid"][i], "prompt": batch["prompt_text"][i], "response": batch["response_text"][i],
+                 "score": float(batch["score"][i]),
+                 "advantage": float(masked_mean(batch["advantages"][i], batch["response_mask"][i]))}
+                for i in range(len(batch) if k < 0 else min(k, len(batch)))]
+        out = self.run_dir / "rollouts"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"step_{self.step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        self._tracker_call("log_samples", "rollouts", rows, self.step)
+
+    def save(self) -> Path:
+        trackers = {}
+        for name, tracker in self.trackers.items():
+            try:
+                trackers[name] = tracker.state_dict()
+            except Exception as exc:
+                print(f"warning: tracker {name}: state_dict failed ({exc})", file=sys.stderr)
+        state = {"step": self.step, "sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
+                 "trackers": trackers}
+        return save_checkpoint(checkpoint_root(self.run_dir), self.step, self.workers, state,
+                               self.config.trainer.keep_checkpoints)
+
+
+# ---- small helpers -----------------------------------------------------------------------------------
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextmanager
+def timed(timing: dict[str, float], name: str):
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def expand(batch: RLBatch, n: int) -> RLBatch:
+    """Each prompt repeated n times in place; rows of one prompt share a fresh uid."""
+    batch["uid"] = [uuid.UUID(int=random.getrandbits(128)).hex for _ in range(len(batch))]
+    return batch.repeat_interleave(n)
+
+
+def batch_metrics(batch: RLBatch, timing: dict[str, float]) -> dict[str, float]:
+    mask = batch["response_mask"]
+    lengths = mask.sum(-1)
+    tokens = float(lengths.sum() + batch["prompt_mask"].sum())
+    out = {"rollout/response_length/mean": float(lengths.mean()),
+           "rollout/response_length/max": float(lengths.max()),
+           "rollout/prompt_length/mean": float(batch["prompt_mask"].sum(-1).float().mean()),
+           "throughput/tokens_per_s": tokens / max(timing["step"], 1e-9)}
+    if "values" in batch:
+        out["critic/values/mean"] = float(masked_mean(batch["values"], mask))
+        out["critic/returns/mean"] = float(masked_mean(batch["returns"], mask))
+    out.update({f"timing/{k}": v for k, v in timing.items()})
+    return out
+
