@@ -409,7 +409,15 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {override!r}: {part} is a value, not a section")
         node = child
-    node[parts[-1]] = value if is_text else _parse_value(value)
+    if is_text:
+        node[parts[-1]] = value
+    elif ftype is float:
+        try:
+            node[parts[-1]] = float(value)  # YAML would read 1e-3 as a string
+        except ValueError:
+            node[parts[-1]] = value  # reported as a type error with the key path
+    else:
+        node[parts[-1]] = _parse_value(value)
 
 
 def _known_keys(cls: type, prefix: str = "") -> list[str]:

@@ -89,7 +89,7 @@ class Registry:
         where = f"{key} = {name!r}" if key else f"{kind} {name!r}"
         available = self.names(kind)
         msg = f"{where}: no {kind} of that name is registered; available: {', '.join(available) or 'none'}"
-        close = difflib.get_close_matches(name, available, n=1)
+        close = difflib.get_close_matches(name, available, n=1, cutoff=0.5)
         if close:
             msg += f"; did you mean {close[0]!r}?"
         extra = FIRST_PARTY.get((kind, name))
@@ -157,7 +157,7 @@ def make_plugin_manager() -> tuple[pluggy.PluginManager, list[PluginInfo]]:
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginError(f"plugin {exc.plugin_name} implements an unknown hook ({exc}); "
+        raise PluginError(f"plugin {pm.get_name(exc.plugin)} implements an unknown hook ({exc}); "
                           f"the hooks are {', '.join(HOOKS)}") from None
     return pm, infos
 

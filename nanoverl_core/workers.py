@@ -137,8 +137,9 @@ class _TorchWorker:
         rows_per_prompt = self.config.rollout.n
         for mini in batch.split(mini_prompts * rows_per_prompt // self.dp_size or len(batch)):
             mask = mini["response_mask"]
+            # normalisers count the whole mini-batch (all ranks), so micro-batch losses sum to its loss
             norms = {"num_tokens": float(self.global_sum(mask.sum())),
-                     "num_seqs": float(self.global_sum(torch.tensor(float(len(mini)))))}
+                     "num_seqs": float(self.global_sum((mask.sum(-1) > 0).sum().float()))}
             yield mini.split(micro_rows or len(mini)), norms
 
     # checkpoints: safetensors for weights, weights-only torch.save for optimizer state, JSON for the rest
@@ -214,7 +215,7 @@ class TorchActor(_TorchWorker):
                         sums["actor/kl_loss"].append(float(kl))
                     finite &= bool(torch.isfinite(loss))
                     (loss * self.dp_size).backward()  # FSDP averages gradients over ranks; undo that
-                    total += float(loss)
+                    total += float(loss.detach())
                     for key, value in metrics.items():
                         sums[key].append(float(value))
                 sums["actor/loss"].append(total)

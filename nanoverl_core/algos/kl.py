@@ -16,11 +16,14 @@ is not the gradient of KL. k2+ is k2.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .utils import masked_mean
+
+if TYPE_CHECKING:
+    from ..config import AlgorithmConfig
 
 _ESTIMATORS = {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
 
@@ -98,7 +101,7 @@ class AdaptiveKLController:
         self.value = float(state["value"])
 
 
-def make_kl_controller(config) -> FixedKLController | AdaptiveKLController:
+def make_kl_controller(config: AlgorithmConfig) -> FixedKLController | AdaptiveKLController:
     """The controller named by `config.kl_ctrl` (an AlgorithmConfig): "fixed" or "adaptive"."""
     if config.kl_ctrl == "fixed":
         return FixedKLController(config.kl_coef)

@@ -1,0 +1,221 @@
+"""Group-relative advantage estimators: GRPO and relatives.
+
+Every estimator scores a response by one number, score_i = sum over t of token_level_rewards[i, t]
+(the reward sits on the last valid token, minus any in-reward KL), compares it with the other
+responses sampled from the same prompt (rows sharing a `uid`, in any order), and broadcasts the
+resulting scalar advantage over the response's valid tokens. Outputs are (B, R), zero on padding,
+and returns = advantages (there is no critic), as in verl's `core_algos.py`.
+
+Shared conventions (pinned by tests/test_estimators.py):
+  * a group of one has baseline 0 (and std 1 for GRPO): its advantage is its own score (GRPO:
+    score / (1 + epsilon)); grpo_passk refuses it;
+  * a group whose scores are all exactly equal has advantage exactly 0 (no signal; dividing a
+    rounding error of the mean by epsilon cannot turn it into a spurious advantage);
+  * std is the unbiased (n - 1) sample standard deviation of the group's scores.
+
+Shapes: B = rows, R = response length, G = groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from nanoverl_core.algos import masked_whiten
+
+if TYPE_CHECKING:
+    from nanoverl_core import RLBatch
+    from nanoverl_core.config import AlgorithmConfig
+
+Tensors = tuple[torch.Tensor, torch.Tensor]
+
+
+# ---- grouping ---------------------------------------------------------------------------------------
+class Groups:
+    """Rows grouped by uid. index: (B,) group of each row (0..G-1, by first appearance); size: (G,)."""
+
+    def __init__(self, uids: Sequence[Hashable], device: torch.device | str = "cpu"):
+        first_seen: dict[Hashable, int] = {}
+        self.index = torch.tensor([first_seen.setdefault(u, len(first_seen)) for u in uids],
+                                  dtype=torch.long, device=device)
+        self.num = len(first_seen)
+        self.size = torch.bincount(self.index, minlength=self.num)  # (G,)
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (G,) sum over each group's rows."""
+        return torch.zeros(self.num, dtype=x.dtype, device=x.device).index_add(0, self.index, x)
+
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (G,) mean over each group's rows."""
+        return self.sum(x) / self.size.to(x.dtype)
+
+    def std(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (G,) unbiased std over each group's rows (0 for a group of one)."""
+        dev = x - self.mean(x)[self.index]
+        return (self.sum(dev * dev) / (self.size - 1).clamp(min=1).to(x.dtype)).sqrt()
+
+    def all_equal(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (B,) bool: the row's group has two or more rows, all with the same value."""
+        lo = torch.full((self.num,), float("inf"), dtype=x.dtype, device=x.device)
+        hi = torch.full((self.num,), float("-inf"), dtype=x.dtype, device=x.device)
+        lo = lo.scatter_reduce(0, self.index, x, reduce="amin")
+        hi = hi.scatter_reduce(0, self.index, x, reduce="amax")
+        return (lo == hi)[self.index] & (self.size[self.index] > 1)
+
+    def singleton(self) -> torch.Tensor:
+        """(B,) bool: the row is alone in its group."""
+        return self.size[self.index] == 1
+
+
+def _setup(token_level_rewards: torch.Tensor, uids: Sequence[Hashable]) -> tuple[torch.Tensor, Groups]:
+    if len(uids) != token_level_rewards.shape[0]:
+        raise ValueError(f"{token_level_rewards.shape[0]} rows but {len(uids)} uids; every row needs a uid")
+    return token_level_rewards.sum(dim=-1), Groups(uids, token_level_rewards.device)
+
+
+def _centered(scores: torch.Tensor, baseline: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """scores - baseline (both (B,)), exactly 0 for rows of an all-equal group."""
+    return torch.where(groups.all_equal(scores), torch.zeros_like(scores), scores - baseline)
+
+
+def _broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> Tensors:
+    """(B,) -> (B, R) on valid tokens, 0 on padding; returns = advantages."""
+    adv = advantage.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+# ---- estimators over tensors ------------------------------------------------------------------------
+@torch.no_grad()
+def compute_grpo_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                            uids: Sequence[Hashable], *, epsilon: float = 1e-6, norm_by_std: bool = True) -> Tensors:
+    """GRPO (https://arxiv.org/abs/2402.03300), verl `compute_grpo_outcome_advantage`.
+
+    token_level_rewards: (B, R); response_mask: (B, R); uids: B group ids.
+    A_i = (score_i - mean_g) / (std_g + epsilon), or score_i - mean_g when norm_by_std is False
+    (Dr. GRPO, https://arxiv.org/abs/2503.20783). Group of one: mean 0, std 1, so
+    A = score / (1 + epsilon) (or score). All-equal group: A = 0.
+    """
+    scores, groups = _setup(token_level_rewards, uids)
+    alone = groups.singleton()
+    mean = torch.where(alone, torch.zeros_like(scores), groups.mean(scores)[groups.index])
+    std = torch.where(alone, torch.ones_like(scores), groups.std(scores)[groups.index])
+    advantage = _centered(scores, mean, groups)
+    if norm_by_std:
+        advantage = advantage / (std + epsilon)
+    return _broadcast(advantage, response_mask)
+
+
+@torch.no_grad()
+def compute_rloo_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                            uids: Sequence[Hashable]) -> Tensors:
+    """RLOO (https://arxiv.org/abs/2402.14740), verl `compute_rloo_outcome_advantage`.
+
+    A_i = score_i - mean of the *other* scores of the group = (score_i - mean_g) * n / (n - 1).
+    Group of one: baseline 0, A = score (as verl's `rloo`; its `rloo_vectorized` gives 0 instead).
+    All-equal group: A = 0.
+    """
+    scores, groups = _setup(token_level_rewards, uids)
+    n = groups.size[groups.index].to(scores.dtype)  # (B,)
+    alone = groups.singleton()
+    leave_one_out = torch.where(alone, torch.zeros_like(scores),
+                                (n * groups.mean(scores)[groups.index] - scores) / (n - 1).clamp(min=1))
+    return _broadcast(_centered(scores, leave_one_out, groups), response_mask)
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                                    uids: Sequence[Hashable]) -> Tensors:
+    """REINFORCE++-baseline (https://arxiv.org/abs/2501.03262), verl
+    `compute_reinforce_plus_plus_baseline_outcome_advantage`.
+
+    a_i = score_i - mean_g (group of one: mean 0; all-equal group: 0), broadcast over valid tokens,
+    then whitened over all valid tokens of the batch (so longer responses weigh more in the
+    statistics). Needs at least 2 valid tokens in the batch.
+    """
+    scores, groups = _setup(token_level_rewards, uids)
+    mean = torch.where(groups.singleton(), torch.zeros_like(scores), groups.mean(scores)[groups.index])
+    adv, _ = _broadcast(_centered(scores, mean, groups), response_mask)
+    adv = masked_whiten(adv, response_mask) * response_mask
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_opo_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                           uids: Sequence[Hashable]) -> Tensors:
+    """OPO (https://arxiv.org/abs/2505.23585), verl `compute_opo_outcome_advantage`.
+
+    The baseline is the length-weighted group mean, b_g = sum_i |y_i| score_i / sum_i |y_i| with
+    |y_i| the number of valid tokens; A_i = score_i - b_g. Group of one: b = 0, A = score.
+    All-equal group: A = 0. A group whose responses are all empty gets b = 0 (verl: NaN).
+    """
+    scores, groups = _setup(token_level_rewards, uids)
+    length = response_mask.sum(dim=-1).to(scores.dtype)  # (B,)
+    weighted = groups.sum(length * scores) / groups.sum(length).clamp(min=1)  # (G,)
+    baseline = torch.where(groups.singleton(), torch.zeros_like(scores), weighted[groups.index])
+    return _broadcast(_centered(scores, baseline, groups), response_mask)
+
+
+@torch.no_grad()
+def compute_grpo_passk_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                  uids: Sequence[Hashable], *, epsilon: float = 1e-6,
+                                  norm_by_std: bool = True) -> Tensors:
+    """Pass@k training (https://arxiv.org/abs/2503.19595), verl `compute_grpo_passk_outcome_advantage`.
+
+    Only the best response of each group gets a non-zero advantage, r_max - r_second_max (divided
+    by std_g + epsilon when norm_by_std); every other row gets 0. With a tie for the best score
+    the advantage is 0 anyway. A group of one has no second-best: ValueError (as verl), so use
+    rollout.n >= 2.
+    """
+    scores, groups = _setup(token_level_rewards, uids)
+    advantage = torch.zeros_like(scores)
+    for g in range(groups.num):
+        rows = (groups.index == g).nonzero().flatten()
+        if rows.numel() < 2:
+            raise ValueError(f"grpo_passk needs at least 2 responses per prompt; uid {uids[rows[0]]!r} has 1 "
+                             "(set rollout.n >= 2)")
+        group_scores = scores[rows]
+        best, second = torch.topk(group_scores, 2).values
+        gap = best - second
+        if norm_by_std:
+            gap = gap / (group_scores.std() + epsilon)
+        advantage[rows[torch.argmax(group_scores)]] = gap  # argmax: first row holding the maximum
+    return _broadcast(advantage, response_mask)
+
+
+# ---- adapters: fn(batch, config) -> (advantages, returns) -------------------------------------------
+def _inputs(batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor, list]:
+    return batch["token_level_rewards"], batch["response_mask"], batch["uid"]
+
+
+def grpo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """GRPO; divides by the group std unless config.norm_adv_by_std_in_grpo is off."""
+    return compute_grpo_advantages(*_inputs(batch), epsilon=config.epsilon,
+                                   norm_by_std=config.norm_adv_by_std_in_grpo)
+
+
+def dr_grpo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """Dr. GRPO: group mean baseline, never divided by the std."""
+    return compute_grpo_advantages(*_inputs(batch), epsilon=config.epsilon, norm_by_std=False)
+
+
+def rloo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """RLOO: leave-one-out group mean baseline."""
+    return compute_rloo_advantages(*_inputs(batch))
+
+
+def reinforce_plus_plus_baseline(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """REINFORCE++-baseline: group mean baseline, then batch whitening."""
+    return compute_reinforce_plus_plus_baseline_advantages(*_inputs(batch))
+
+
+def opo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """OPO: length-weighted group mean baseline."""
+    return compute_opo_advantages(*_inputs(batch))
+
+
+def grpo_passk(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """Pass@k: only each group's best response is reinforced."""
+    return compute_grpo_passk_advantages(*_inputs(batch), epsilon=config.epsilon,
+                                         norm_by_std=config.norm_adv_by_std_in_grpo)

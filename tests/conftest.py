@@ -1,0 +1,64 @@
+"""Shared test helpers: run the real CLI in a subprocess, install fixture plugins with real pip."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+EXAMPLES = ROOT / "examples" / "configs"
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path = ROOT):
+    """`nanoverl-train ARGS` as a user runs it: a real subprocess, stdout/stderr captured."""
+    return subprocess.run([sys.executable, "-m", "nanoverl_core.cli", *args], cwd=cwd, env=env or cli_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_user_error(proc, *needles: str) -> str:
+    """Exit 2, exactly one stderr line starting with `error:`, no traceback; returns that line."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory) -> Path:
+    """The fixture plugins installed with pip into a private folder (put it on PYTHONPATH to enable them)."""
+    site = tmp_path_factory.mktemp("plugin-site")
+    for name in ("nanoverl-fixture", "nanoverl-fixture-dup", "nanoverl-fixture-broken", "nanoverl-fixture-badhook"):
+        target = site / name
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(FIXTURES / name)], check=True, capture_output=True)
+    return site
+
+
+def with_plugins(site: Path, *names: str, **extra: str) -> dict[str, str]:
+    paths = os.pathsep.join(str(site / n) for n in names)
+    return cli_env(PYTHONPATH=paths, **extra)

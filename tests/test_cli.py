@@ -1,0 +1,76 @@
+"""The exit-status contract through the real CLI: status 2, one `error:` line, no traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, ROOT, assert_user_error, cli_env, run_cli
+
+DEBUG = str(EXAMPLES / "debug_ppo.toml")
+REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
+
+
+def test_dry_run_prints_the_resolved_config_and_loads_no_backend(tmp_path):
+    proc = run_cli("--config", DEBUG, "--dry-run", "trainer.total_steps=3", f"trainer.output_dir={tmp_path}/run")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["config"]["trainer"]["total_steps"] == 3
+    assert {"kind": "advantage_estimator", "name": "gae", "provider": "nanoverl"} in out["plugins"]
+    assert not (tmp_path / "run").exists()  # nothing written, no model built
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("nanoverl-train", path=str(Path(__import__("sys").executable).parent))
+    assert exe, "nanoverl-train is not on the venv's PATH"
+    proc = subprocess.run([exe, "--help"], capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 0 and "--dry-run" in proc.stdout
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--config", "missing.toml"], ["missing.toml does not exist"]),
+    (["--config", DEBUG, "trainer.totl_steps=3"], ["trainer.totl_steps", "trainer.total_steps"]),
+    (["--config", DEBUG, "trainer.total_steps=lots"], ["trainer.total_steps"]),
+    (["--config", DEBUG, "rollout.name=vlm"], ["rollout.name = 'vlm'", "available: debug"]),
+    (["--config", REINFORCE, "algorithm.advantage_estimator=grpo_x"], ["algorithm.advantage_estimator"]),
+    (["--config", REINFORCE, "algorithm.advantage_estimator=gae"], ["'gae' needs a critic"]),
+    (["--config", DEBUG, "reward.name=exact_mach"], ["did you mean 'exact_match'"]),
+    (["--config", DEBUG, "tracking.trackers=[consol]"], ["tracking.trackers", "console"]),
+    (["--config", DEBUG, "notakey"], ["section.key=value"]),
+    (["--dry-run"], ["--config"]),
+])
+def test_user_errors_exit_2_with_one_line(args, needles):
+    assert_user_error(run_cli(*args, "--dry-run"), *needles)
+
+
+def test_unparsable_config_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[trainer\ntotal_steps = 3\n")
+    assert_user_error(run_cli("--config", str(bad), "--dry-run"), str(bad), "cannot be parsed")
+
+
+def test_missing_data_file_is_named(tmp_path):
+    proc = run_cli("--config", DEBUG, "data.train_files=[nowhere.jsonl]", f"trainer.output_dir={tmp_path}")
+    assert_user_error(proc, "nowhere.jsonl does not exist")
+
+
+def test_rows_without_the_prompt_key_name_file_and_row(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"question": "12=", "target": "12"}\n' * 20)
+    proc = run_cli("--config", DEBUG, f"data.train_files=[{data}]", "data.val_files=[]", f"trainer.output_dir={tmp_path}/run")
+    assert_user_error(proc, str(data), "row 0", "data.prompt_key", "question")
+
+
+def test_unavailable_device_is_a_user_error(tmp_path):
+    proc = run_cli("--config", DEBUG, "trainer.device=cuda:3", f"trainer.output_dir={tmp_path}")
+    assert_user_error(proc, "trainer.device", "cuda:3")
+
+
+def test_help_lists_the_commands():
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "plugins" in proc.stdout
+    assert str(ROOT)  # run from the repo root like a user
