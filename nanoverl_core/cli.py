@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .config import load_config
@@ -59,9 +60,14 @@ def cmd_train(argv: list[str]) -> int:
         from .trainer.resolve import describe
         print(json.dumps(describe(config, registry), indent=2))
         return 0
+    from .trainer.dist import close_distributed, init_distributed
     from .trainer.trainer import Trainer
-    trainer = Trainer(config, registry)
-    trainer.fit()
+    init_distributed(config.trainer.device)  # under torchrun: join the process group; one process: no-op
+    try:
+        trainer = Trainer(config, registry)
+        trainer.fit()
+    finally:
+        close_distributed()
     return 0
 
 
@@ -75,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         print(f"error: {message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `nanoverl-train plugins | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # silence the flush at exit
+        return 141  # 128 + SIGPIPE, as shells report it
     except KeyboardInterrupt:
         print("error: interrupted; rerun the same command to resume from the newest checkpoint", file=sys.stderr)
         return 130

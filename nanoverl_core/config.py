@@ -50,7 +50,7 @@ class TrainerConfig:
     num_threads: int = 0
     """torch intra-op threads; 0 keeps torch's default. One thread is often fastest for tiny models."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
-    """A NaN/inf loss or gradient: "stop" ends the run (exit 1, last checkpoint kept), "skip" drops the update."""
+    """A NaN/inf loss or gradient: "stop" ends the run (exit 2, last checkpoint kept), "skip" drops the update."""
     progress: Literal["auto", "bar", "log", "none"] = "auto"
     """Progress display: a bar on an interactive terminal, plain log lines otherwise."""
 

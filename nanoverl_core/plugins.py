@@ -75,6 +75,8 @@ class Registry:
             raise PluginError(f"plugin {provider} registered a {kind} with an invalid name {name!r}")
         if name in self.entries[kind]:
             other = self.entries[kind][name].provider
+            if other == provider:
+                raise PluginError(f"{kind} name {name!r} is registered twice by {provider}; this is a bug in {provider}")
             raise PluginError(f"{kind} name {name!r} is registered by both {other} and {provider}; "
                               f"uninstall one, or set NANOVERL_DISABLE_PLUGINS={provider}")
         self.entries[kind][name] = Entry(kind, name, obj, provider, description)
@@ -114,6 +116,11 @@ class Registry:
                 except AttributeError:
                     raise PluginError(f"{kind} {name!r} from {entry.provider} points at {entry.obj!r}, "
                                       f"which does not exist; this is a bug in {entry.provider}") from None
+                except Exception as exc:  # the module itself raised while importing (SyntaxError, RuntimeError, ...)
+                    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                    raise PluginError(f"{kind} {name!r} from {entry.provider} failed to import ({detail}); fix or "
+                                      f"uninstall {entry.provider}, or set NANOVERL_DISABLE_PLUGINS={entry.provider} "
+                                      "and choose another name") from None
             self._loaded[(kind, name)] = obj
         return self._loaded[(kind, name)]
 

@@ -18,7 +18,7 @@ from ..batch import RLBatch
 from ..config import Config
 from ..errors import DataError
 from ..rollout import SamplingParams, responses_to_batch
-from ..workers import TorchActor, TorchCritic, Workers, resolve_device
+from ..workers import NonFiniteError, TorchActor, TorchCritic, Workers, resolve_device
 
 
 class CharTokenizer:
@@ -116,6 +116,10 @@ class DebugRollout:
         out = []
         for _ in range(params.max_new_tokens):
             logits = self.module(input_ids=ids, attention_mask=mask).logits[:, -1].float()
+            if not torch.isfinite(logits).all():
+                raise NonFiniteError("the policy's logits are NaN/inf during rollout: its weights diverged (often "
+                                     "a learning rate that is too high); lower actor.lr and resume from an earlier "
+                                     "checkpoint (trainer.resume=PATH)")
             token = sample_from_logits(logits, params).masked_fill(done, self.tokenizer.pad_token_id)
             out.append(token)
             ids = torch.cat([ids, token[:, None]], 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from .dist import barrier, is_rank0
+from .dist import barrier, is_distributed, is_rank0
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -71,10 +72,17 @@ def set_rng_state(json_state: dict[str, Any], tensors: dict[str, torch.Tensor]) 
 
 def save_checkpoint(root: Path, step: int, workers, state: dict[str, Any], keep: int) -> Path:
     """Write step_<step> atomically, then keep only the newest `keep` checkpoints."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp-step_{step:06d}"
+    broken = _nonfinite_worker(workers)
+    if broken:
+        previous = [p.name for p in complete_checkpoints(root)]
+        kept = f"the newest complete checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointError(f"step {step}: the {broken}'s weights hold NaN or inf, so no checkpoint was written; "
+                              f"{kept}; lower the learning rate and resume from it")
     try:
         if is_rank0():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -90,19 +98,47 @@ def save_checkpoint(root: Path, step: int, workers, state: dict[str, Any], keep:
             (tmp / "state.json").write_text(json.dumps({**state, "rng": json_state}))
             _fsync_tree(tmp)
             if final.exists():  # the same step saved by an earlier run that was not resumed from it
-                shutil.rmtree(final)
+                _remove(final)
             os.replace(tmp, final)
             for old in complete_checkpoints(root)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+                _remove(old)
         barrier()
-    except OSError as exc:
+    # a full disk surfaces as OSError from Python, SafetensorError from safetensors, RuntimeError from torch.save
+    except (OSError, SafetensorError, RuntimeError) as exc:
         if is_rank0():
             shutil.rmtree(tmp, ignore_errors=True)
         previous = [p.name for p in complete_checkpoints(root)]
         kept = f"the newest complete checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
-        raise CheckpointError(f"could not write checkpoint step {step} under {root} ({exc.strerror or exc}); "
+        detail = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:200]
+        raise CheckpointError(f"could not write checkpoint step {step} under {root} ({detail}); "
                               f"{kept}; free disk space or change trainer.output_dir, then rerun to resume") from None
     return final
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint folder by renaming it to a hidden temporary name first, so a kill mid-delete
+    leaves a .tmp-* folder (deleted at the next start), never a partial step_<N> that looks complete."""
+    trash = path.with_name(f".tmp-del-{path.name}")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _nonfinite_worker(workers) -> str | None:
+    """"actor" or "critic" if its weights hold NaN/inf (each rank checks its shard; ranks agree), else None."""
+    for name, worker in (("actor", workers.actor), ("critic", workers.critic)):
+        if worker is None:
+            continue
+        params = [p.to_local() if hasattr(p, "to_local") else p for p in worker.module.parameters()]
+        if not params:
+            continue
+        bad = torch.stack([~torch.isfinite(p.detach()).all() for p in params]).any().float()
+        if is_distributed():
+            import torch.distributed as dist
+            dist.all_reduce(bad)
+        if bad.item():
+            return name
+    return None
 
 
 def _fsync_tree(path: Path) -> None:
@@ -112,19 +148,39 @@ def _fsync_tree(path: Path) -> None:
                 os.fsync(f.fileno())
 
 
+def read_tracker_states(path: Path) -> dict[str, Any]:
+    """The trackers' saved states (read before the workers load, so trackers can start first)."""
+    if not (path / "state.json").is_file():
+        raise CheckpointError(f"trainer.resume: {path} is not a complete nanoverl checkpoint (no state.json); "
+                              "name a checkpoints/step_<N> folder, or use resume=auto")
+    return json.loads((path / "state.json").read_text()).get("trackers", {})
+
+
 def load_checkpoint(path: Path, workers) -> dict[str, Any]:
     """Restore workers and RNG from a complete checkpoint; return the trainer state."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not (path / "state.json").is_file():
         raise CheckpointError(f"trainer.resume: {path} is not a complete nanoverl checkpoint (no state.json); "
                               "name a checkpoints/step_<N> folder, or use resume=auto")
-    workers.actor.load(path / "actor")
-    if workers.critic is not None:
-        if not (path / "critic").is_dir():
-            raise CheckpointError(f"trainer.resume: {path} has no critic but critic.enable = true; "
-                                  "resume with the config the run was started with")
-        workers.critic.load(path / "critic")
-    state = json.loads((path / "state.json").read_text())
-    set_rng_state(state.pop("rng"), load_file(str(path / "rng.safetensors")))
+    if workers.critic is not None and not (path / "critic").is_dir():
+        raise CheckpointError(f"trainer.resume: {path} has no critic but critic.enable = true; "
+                              "resume with the config the run was started with")
+    try:
+        workers.actor.load(path / "actor")
+        if workers.critic is not None:
+            workers.critic.load(path / "critic")
+        state = json.loads((path / "state.json").read_text())
+        set_rng_state(state.pop("rng"), load_file(str(path / "rng.safetensors")))
+    except pickle.UnpicklingError:  # weights_only torch.load met a pickled object that is not plain tensor data
+        raise CheckpointError(f"trainer.resume: checkpoint {path} holds pickled Python objects besides tensors, "
+                              "which nanoverl never loads (unpickling can run arbitrary code); it was not written "
+                              "by nanoverl or was tampered with; resume from another checkpoint or delete it") from None
+    # a truncated or foreign file, or a config that does not match the checkpoint
+    except (SafetensorError, OSError, RuntimeError, ValueError, KeyError, EOFError) as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise CheckpointError(f"trainer.resume: checkpoint {path} cannot be loaded ({detail}); it is damaged, was "
+                              "not written by nanoverl, or does not match this config; resume from another "
+                              "checkpoint (trainer.resume=PATH) or delete it") from None
     return state

@@ -1,6 +1,17 @@
-"""The little the trainer needs from torch.distributed: who is rank 0, and a barrier.
+"""The little the trainer needs from torch.distributed: who is rank 0, a barrier, and the rollout split.
 
-A single process (no torchrun) is a world of one. Imports torch.distributed only when it is in use.
+A single process (no torchrun) is a world of one. torch.distributed is imported only when in use.
+
+Under `torchrun --nproc_per_node=N -m nanoverl_core.cli ...` every rank runs the whole trainer loop
+on the same step batch (same prompts, same uids: the samplers and RNGs are seeded alike). Only two
+things are split across ranks:
+
+  - the rollout: each rank samples its share of the rows and every rank gets all rows back
+    (`shard_rollout`), so reward, advantages and the trainer's metrics are computed on the whole
+    step batch on every rank and rank 0 logs the global numbers without a metric all-reduce;
+  - the model work (log-probs, values, updates): the worker splits rows itself (nanoverl-fsdp).
+
+Only rank 0 writes run-directory files (config.json, metrics, rollouts, checkpoint metadata).
 """
 
 import os
@@ -17,6 +28,15 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def local_rank() -> int:
+    """The rank on this node (torchrun's LOCAL_RANK): the index of this rank's GPU."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ["WORLD_SIZE"]) if is_distributed() else 1
+
+
 def is_rank0() -> bool:
     return rank() == 0
 
@@ -25,3 +45,67 @@ def barrier() -> None:
     if is_distributed():
         import torch.distributed as dist
         dist.barrier()
+
+
+def init_distributed(device: str = "auto") -> None:
+    """Join torchrun's process group, once; a no-op in a single process.
+
+    CPU runs use gloo. GPU runs pin this rank to cuda:LOCAL_RANK and use NCCL for CUDA tensors and
+    gloo for CPU tensors (the "cpu:gloo,cuda:nccl" backend), so small CPU-side collectives (the
+    rollout gather, metrics) need no device copies. `device` is trainer.device: "cpu" forces gloo.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if device != "cpu" and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank())
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        dist.init_process_group("gloo")
+
+
+def close_distributed() -> None:
+    if is_distributed():
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
+def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...]):
+    """`generate(rows) -> RLBatch` run on this rank's contiguous share of `batch`; returns all rows.
+
+    One process: plain `generate(batch)`. Under torchrun, rank r samples rows
+    [r * share, (r + 1) * share) with share = ceil(B / world) (the last ranks pad with copies of the
+    last row, dropped again, so an engine never sees an empty batch), under a torch RNG forked and
+    seeded from (*seed, rank); the trainer passes (trainer.seed, step). So ranks draw independent
+    samples, and the trainer's own RNG stream stays the same on every rank, which keeps rank 0's
+    checkpointed RNG state valid for all ranks (exact resume). The per-rank outputs are gathered and
+    right-padded to one width (`responses` with pad_token_id, other 2-D columns with 0), in row order.
+    """
+    if not is_distributed():
+        return generate(batch)
+    import torch
+    import torch.distributed as dist
+
+    from ..batch import RLBatch
+
+    world, me = world_size(), rank()
+    share = -(-len(batch) // world)
+    rows = list(range(me * share, min(len(batch), (me + 1) * share)))
+    real = len(rows)
+    rows += [len(batch) - 1] * (share - real)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(hash((*seed, me)) & 0x7FFF_FFFF_FFFF_FFFF)  # int tuples hash alike in every process
+        out = generate(batch.index(rows)).to("cpu").index(slice(0, real))
+    parts: list = [None] * world
+    dist.all_gather_object(parts, out)
+    for key in [k for k, v in out.tensors.items() if v.dim() == 2]:  # (rows, R): R differs between ranks
+        width = max(part[key].shape[1] for part in parts)
+        fill = pad_token_id if key == "responses" else 0
+        for part in parts:
+            part[key] = torch.nn.functional.pad(part[key], (0, width - part[key].shape[1]), value=fill)
+    return RLBatch.concat(parts)

@@ -34,8 +34,9 @@ from ..plugins import Registry
 from ..reward import place_scores
 from ..rollout import SamplingParams
 from ..workers import NonFiniteError
-from .checkpoint import checkpoint_root, clean_partial, complete_checkpoints, load_checkpoint, save_checkpoint
-from .dist import is_rank0
+from .checkpoint import (checkpoint_root, clean_partial, complete_checkpoints, load_checkpoint, read_tracker_states,
+                         save_checkpoint)
+from .dist import is_rank0, shard_rollout
 from .resolve import resolve_plugins
 from .validation import validate
 
@@ -50,7 +51,22 @@ class Trainer:
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
 
+        # Trackers first: a tracking store that cannot be reached fails before any model loads.
         resume_from = self._find_resume()
+        tracker_states = read_tracker_states(resume_from) if resume_from else {}
+        self.trackers = {}
+        if is_rank0():
+            self._write_run_config(registry)
+            for name, make in zip(cfg.tracking.trackers, plugins["trackers"]):
+                self.trackers[name] = make(cfg, self.run_dir, tracker_states.get(name, {} if resume_from else None))
+        try:
+            self._build(plugins, resume_from)
+        except BaseException:
+            self._tracker_call("close", False)
+            raise
+
+    def _build(self, plugins: dict[str, Any], resume_from: Path | None) -> None:
+        cfg = self.config
         self.workers = plugins["worker"](cfg)
         self.tokenizer = self.workers.tokenizer
         self.rollout = plugins["rollout"](cfg, self.workers)
@@ -60,22 +76,13 @@ class Trainer:
         self.sampler = StatefulSampler(len(self.train_data), cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
         self.kl_ctrl = make_kl_controller(cfg.algorithm)
         self.step = 0
-
-        tracker_states: dict[str, Any] = {}
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.workers)
             self.step = state["step"]
             self.sampler.load_state_dict(state["sampler"])
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-            tracker_states = state["trackers"]
             self.rollout.sync_weights(self.workers.actor)
             print(f"resumed from {resume_from} (step {self.step})", file=sys.stderr)
-        if is_rank0():
-            self._write_run_config(registry)
-        self.trackers = {}
-        if is_rank0():
-            for name, make in zip(cfg.tracking.trackers, plugins["trackers"]):
-                self.trackers[name] = make(cfg, self.run_dir, tracker_states.get(name, {} if resume_from else None))
 
     # ---- setup helpers ---------------------------------------------------------------------------
     def _find_resume(self) -> Path | None:
@@ -128,7 +135,7 @@ class Trainer:
                 batch = self.next_batch()                                   # 1. prompts
                 batch = expand(batch, cfg.rollout.n)                        # 2. n samples per prompt
             with timed(timing, "rollout"):
-                batch.update(self.rollout.generate(batch, self.sampling()))   # 3. responses
+                batch.update(self.generate(batch))                          # 3. responses
             with timed(timing, "reward"):
                 scores, reward_metrics = self.score(batch)                  # 4. sequence scores
                 metrics.update(reward_metrics)
@@ -159,7 +166,9 @@ class Trainer:
                         self.rollout.sync_weights(self.workers.actor)       # 10.
             except NonFiniteError as exc:
                 if cfg.trainer.on_nonfinite == "stop":
-                    raise
+                    raise NonFiniteError(f"step {self.step}: {exc}; stopped (trainer.on_nonfinite=stop), the newest "
+                                         "checkpoint is intact; lower the learning rate or check the rewards and "
+                                         "resume, or set trainer.on_nonfinite=skip to drop such updates") from None
                 print(f"warning: step {self.step}: {exc}; skipped (trainer.on_nonfinite=skip)", file=sys.stderr)
                 metrics["actor/skipped_updates"] = 1.0
         metrics.update(batch_metrics(batch, timing))                        # 11. (logged by fit)
@@ -170,6 +179,12 @@ class Trainer:
     def next_batch(self) -> RLBatch:
         indices = self.sampler.next_indices()
         return collate(self.train_data, indices, self.tokenizer.pad_token_id, self.config.data.data_source_key)
+
+    def generate(self, batch: RLBatch) -> RLBatch:
+        """Responses for every row. Under torchrun each rank samples its share of the rows and every
+        rank gets all of them back (dist.shard_rollout), so the steps after the rollout see the whole batch."""
+        return shard_rollout(lambda rows: self.rollout.generate(rows, self.sampling()), batch,
+                             pad_token_id=self.tokenizer.pad_token_id, seed=(self.config.trainer.seed, self.step))
 
     def sampling(self, validation: bool = False) -> SamplingParams:
         r = self.config.rollout

@@ -1,0 +1,114 @@
+"""docs/plugins.md stays true: its hooks match the hook specs, and its minimal plugin works as written.
+
+The minimal plugin is every fenced block of the guide whose first line is `# file: <path>`; it is
+written to a tmp folder, installed with `pip install --no-deps --target`, and run through the real
+CLI in subprocesses with that folder on PYTHONPATH (entry points come from the installed dist-info).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, ROOT, cli_env, read_metrics, run_cli
+from nanoverl_core import hookspecs
+
+GUIDE = ROOT / "docs" / "plugins.md"
+HOOK_HEADING = re.compile(r"^### `(register_\w+)\((.*)\) -> (.+)`$", re.M)
+KIND_ROW = re.compile(r"^\| `(register_\w+)` \| `(\w+)` \|", re.M)
+FILE_BLOCK = re.compile(r"^```\w*\n# file: (\S+)\n(.*?)^```$", re.M | re.S)
+
+
+def spec_signature(fn) -> tuple[str, str]:
+    """('register: Register', 'None') from the hook spec's own annotations."""
+    def text(annotation) -> str:
+        return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+    sig = inspect.signature(fn)
+    params = ", ".join(f"{p.name}: {text(p.annotation)}" for p in sig.parameters.values())
+    return params, text(sig.return_annotation)
+
+
+def hook_specs() -> dict[str, object]:
+    marker = f"{hookspecs.PROJECT}_spec"  # the attribute pluggy's HookspecMarker sets
+    return {name: fn for name, fn in vars(hookspecs).items() if callable(fn) and hasattr(fn, marker)}
+
+
+# ---- (a) the guide and the hook specs agree -------------------------------------------------------
+def test_guide_documents_every_hook_with_its_exact_signature_and_no_other():
+    guide = GUIDE.read_text()
+    documented = {name: (params, ret) for name, params, ret in HOOK_HEADING.findall(guide)}
+    specs = hook_specs()
+    assert sorted(specs) == sorted(hookspecs.HOOKS), "hookspecs.HOOKS and the @hookspec functions differ"
+    assert sorted(documented) == sorted(specs), "docs/plugins.md headings vs nanoverl_core.hookspecs"
+    for name, fn in specs.items():
+        assert documented[name] == spec_signature(fn), name
+
+
+def test_guide_maps_every_hook_to_its_registry_kind():
+    assert dict(KIND_ROW.findall(GUIDE.read_text())) == hookspecs.HOOKS
+
+
+def test_guide_and_hookspecs_state_the_same_register_signature():
+    line = 'register(name: str, obj, *, description: str = "") -> None'
+    assert line in hookspecs.__doc__ and line in GUIDE.read_text()
+
+
+# ---- (b) the guide's minimal plugin works as written ---------------------------------------------
+@pytest.fixture(scope="module")
+def guide_plugin(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The guide's files written to <tmp>/pkg and pip-installed into <tmp>/site; returns (pkg, env)."""
+    tmp = tmp_path_factory.mktemp("guide-plugin")
+    files = FILE_BLOCK.findall(GUIDE.read_text())
+    assert {path for path, _ in files} >= {"pyproject.toml", "src/nanoverl_prefix_reward/plugin.py"}, files
+    for path, body in files:
+        (tmp / "pkg" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "pkg" / path).write_text(f"# file: {path}\n{body}")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "--disable-pip-version-check", "--target", str(tmp / "site"), str(tmp / "pkg")],
+                   check=True, capture_output=True, text=True)
+    return tmp / "pkg", cli_env(PYTHONPATH=str(tmp / "site"))
+
+
+def test_guide_plugin_is_listed_with_its_version_hook_and_name(guide_plugin):
+    _, env = guide_plugin
+    proc = run_cli("plugins", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    listed = {p["dist"]: p for p in json.loads(proc.stdout)}
+    assert listed["nanoverl-prefix-reward"] == {
+        "dist": "nanoverl-prefix-reward", "version": "0.1.0", "module": "nanoverl_prefix_reward.plugin",
+        "hooks": ["register_rewards"], "names": {"reward": ["prefix_match"]}, "error": ""}
+
+
+def test_guide_plugin_own_tests_pass_as_written(guide_plugin):
+    pkg, env = guide_plugin
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")],
+                          cwd=pkg, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "3 passed" in proc.stdout
+
+
+def test_guide_plugin_reward_is_used_by_name_in_a_debug_run(guide_plugin, tmp_path):
+    _, env = guide_plugin
+    run_dir = tmp_path / "run"
+    proc = run_cli("--config", str(EXAMPLES / "debug_reinforce.toml"), "reward.name=prefix_match",
+                   "trainer.total_steps=2", "trainer.val_every=0", "trainer.save_every=0",
+                   "trainer.rollout_samples=-1", "tracking.trackers=[jsonl]", f"trainer.output_dir={run_dir}", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all("reward/exact" in m for m in metrics)  # the dict's extra key, logged by name
+    # Every logged score is prefix_match's: recompute it from the prompt ("660=" -> target "660").
+    rows = [json.loads(line) for line in (run_dir / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert rows
+    for row in rows:
+        target, response = row["prompt"].rstrip("="), row["response"].strip()
+        expected = len(os.path.commonprefix([target, response])) / len(target)
+        assert row["score"] == pytest.approx(expected), row
+    assert json.loads((run_dir / "config.json").read_text())["plugins"]["nanoverl-prefix-reward"] == "0.1.0"
