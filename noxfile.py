@@ -75,14 +75,14 @@ def grpo(session):
 def hf(session):
     """nanoverl-hf without nanoverl-grpo: workers, rollout, rewards, PPO with a critic."""
     _setup(session, "hf")
-    _pytest(session, "plugins/nanoverl-hf/tests", "-m", "not grpo")
+    _pytest(session, "plugins/nanoverl-hf/tests")  # the GRPO end-to-end test skips here
 
 
 @nox.session(python="3.11")
 def hf_grpo(session):
     """nanoverl-hf with nanoverl-grpo: the tiny GRPO example learns; core tests that need HF."""
     _setup(session, "hf", "grpo")
-    _pytest(session, "plugins/nanoverl-hf/tests", "-m", "grpo")
+    _pytest(session, "plugins/nanoverl-hf/tests/test_cli.py")
     _pytest(session, "tests", "-m", "hf")
 
 

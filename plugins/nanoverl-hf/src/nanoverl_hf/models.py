@@ -1,0 +1,199 @@
+"""Loading transformers models and tokenizers from what `[model]` names.
+
+`model.path` may be
+  - a model folder with weights (`*.safetensors` / `pytorch_model*.bin`): loaded with `from_pretrained`;
+  - a folder with `config.json` (and tokenizer files) but no weights: the model is built with
+    `from_config` and random weights drawn from `trainer.seed` (how tiny from-scratch models are made);
+  - a `.gguf` file: its config, tokenizer and de-quantized weights are read with transformers' GGUF
+    reader (needs the `gguf` package) into an ordinary float model, so it trains and saves like any other.
+
+The tokenizer comes from `model.tokenizer_path` or the model's folder (or the GGUF file). A tokenizer
+without a pad token pads with EOS.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from nanoverl_core import ConfigError
+from nanoverl_core.config import Config, ModelConfig
+
+log = logging.getLogger("nanoverl_hf")
+
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@attrs.frozen
+class ModelSource:
+    """Where a model comes from, resolved from `model.path`."""
+    folder: Path
+    gguf_file: str | None = None
+    """File name inside `folder` when the model is a GGUF file."""
+    has_weights: bool = True
+    """False: a config-only folder; weights are drawn at random from the seed."""
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def resolve_source(cfg: ModelConfig) -> ModelSource:
+    """Check `model.path` and say what it is; every user mistake is a ConfigError naming the key."""
+    if not cfg.path:
+        raise ConfigError("model.path is empty; set it to a local Hugging Face model folder or a .gguf file")
+    path = Path(cfg.path).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ConfigError(f"model.path = {cfg.path!r} does not exist; download the GGUF file first "
+                              "(see the nanoverl-hf README) or fix the path")
+        return ModelSource(path.parent, gguf_file=path.name)
+    if not path.exists():
+        raise ConfigError(f"model.path = {cfg.path!r} does not exist; point it at a local model folder "
+                          "(config.json + tokenizer files, with or without weights) or a .gguf file")
+    if not path.is_dir():
+        raise ConfigError(f"model.path = {cfg.path!r} is a file; point it at a model folder or a .gguf file")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model.path = {cfg.path!r} has no config.json; it must be a Hugging Face model "
+                          "folder (save one with model.save_pretrained or build a tiny one with "
+                          "`python -m nanoverl_hf.tiny --out DIR`)")
+    has_weights = any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS)
+    return ModelSource(path, has_weights=has_weights)
+
+
+def resolve_device(name: str) -> torch.device:
+    """`trainer.device`: "auto" is cuda when available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device = {name!r} but no CUDA device is available; use auto or cpu")
+    return device
+
+
+def load_tokenizer(cfg: ModelConfig, source: ModelSource):
+    from transformers import AutoTokenizer
+
+    if cfg.tokenizer_path:
+        if not Path(cfg.tokenizer_path).is_dir():
+            raise ConfigError(f"model.tokenizer_path = {cfg.tokenizer_path!r} is not a folder; fix the path "
+                              "or leave it empty to use the model's tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path, trust_remote_code=cfg.trust_remote_code)
+    else:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source.folder, trust_remote_code=cfg.trust_remote_code,
+                                                      **source.kwargs)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model.path = {cfg.path!r}: no usable tokenizer ({exc}); add tokenizer files "
+                              "to the folder or set model.tokenizer_path") from None
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(f"the tokenizer of {cfg.tokenizer_path or cfg.path!r} has no EOS token; "
+                          "generation could never stop (set eos_token in tokenizer_config.json)")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        log.warning("the tokenizer has no pad token; padding with EOS (%r)", tokenizer.eos_token)
+    tokenizer.padding_side = "left"  # prompts are left-padded so generation continues every row at the end
+    return tokenizer
+
+
+def _from_config(auto_cls, hf_config, dtype: torch.dtype, seed: int, cfg: ModelConfig):
+    """A model with random weights drawn from `seed`, without touching the global RNG stream."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return auto_cls.from_config(hf_config, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+
+
+def _load_gguf(auto_cls, source: ModelSource, dtype: torch.dtype, cfg: ModelConfig):
+    """De-quantize a GGUF file into a plain float model (trainable and savable, unlike a quantized load)."""
+    from unittest import mock
+
+    from transformers import AutoConfig
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    hf_config = AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file)
+    model = _from_config(auto_cls, hf_config, dtype, 0, cfg)
+    with mock.patch.object(gguf_utils, "tqdm", lambda items, **_: items):  # a progress bar per tensor floods logs
+        tensors = gguf_utils.load_gguf_checkpoint(str(source.folder / source.gguf_file), return_tensors=True,
+                                                  model_to_load=model, torch_dtype=dtype)["tensors"]
+    result = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if hf_config.tie_word_embeddings else set()
+    missing = set(result.missing_keys) - tied
+    if missing:
+        raise ConfigError(f"model.path = {cfg.path!r}: the GGUF file lacks weights for {sorted(missing)[:5]}; "
+                          "this architecture is not supported from GGUF, use a safetensors model folder")
+    model.tie_weights()
+    return model
+
+
+def load_policy(config: Config, source: ModelSource):
+    """The causal LM named by `model.path`, in `model.dtype`, on the CPU."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = config.model
+    dtype = DTYPES[cfg.dtype]
+    if source.gguf_file:
+        model = _load_gguf(AutoModelForCausalLM, source, dtype, cfg)
+    elif source.has_weights:
+        model = AutoModelForCausalLM.from_pretrained(source.folder, dtype=dtype,
+                                                     trust_remote_code=cfg.trust_remote_code)
+    else:
+        hf_config = AutoConfig.from_pretrained(source.folder, trust_remote_code=cfg.trust_remote_code)
+        model = _from_config(AutoModelForCausalLM, hf_config, dtype, config.trainer.seed, cfg)
+        log.info("model.path %s has no weights: random init from trainer.seed=%d", cfg.path, config.trainer.seed)
+    # Training forwards need no KV cache; generate() asks for one explicitly.
+    model.config.use_cache = False
+    return disable_dropout(model)
+
+
+def disable_dropout(model):
+    """Dropout off everywhere: old, new and reference log-probs of one sequence must agree exactly."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    return model
+
+
+def build_value_model(policy, config: Config):
+    """A value model on the policy's backbone: `AutoModelForTokenClassification` with one label, so
+    `.logits` is (B, T, 1). The backbone starts as a copy of the policy's (as in verl); the scalar head
+    (`score`) is drawn from `trainer.seed + 1`. Dropout is off, so values agree in train and eval mode."""
+    from transformers import AutoModelForTokenClassification
+
+    hf_config = copy.deepcopy(policy.config)
+    hf_config.num_labels = 1
+    hf_config.classifier_dropout = 0.0
+    hf_config.id2label, hf_config.label2id = {0: "value"}, {"value": 0}
+    critic = _from_config(AutoModelForTokenClassification, hf_config, policy.dtype, config.trainer.seed + 1,
+                          config.model)
+    critic.base_model.load_state_dict(policy.base_model.state_dict())
+    critic.config.use_cache = False
+    return disable_dropout(critic)
+
+
+def neutral_generation_config(model, tokenizer, eos_token_ids: list[int]):
+    """A GenerationConfig holding only token ids. A checkpoint's generation_config.json may set a
+    repetition penalty, top_k, min_p, ...; `generate` fills unset arguments from it, so sampling would
+    not follow the rollout.* keys (and the trained log-probs). The rollout passes every sampling knob."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(bos_token_id=getattr(model.config, "bos_token_id", None), eos_token_id=eos_token_ids,
+                            pad_token_id=tokenizer.pad_token_id)
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and those of the model's generation config
+    (chat models often end turns with a token such as <|im_end|> that the tokenizer calls EOS too)."""
+    ids = [tokenizer.eos_token_id]
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])):
+        if value not in ids:
+            ids.append(value)
+    return ids

@@ -1,0 +1,21 @@
+"""Hook implementations of nanoverl-hf: lazy "module:attr" strings only."""
+
+from nanoverl_core import hookimpl
+
+
+@hookimpl
+def register_workers(register):
+    register("hf", "nanoverl_hf.workers:make_workers",
+             description="transformers causal LM policy / reference, token-classification value model")
+
+
+@hookimpl
+def register_rollouts(register):
+    register("hf", "nanoverl_hf.rollout:make_rollout",
+             description="batched transformers generate() with KV cache, sharing the actor's weights")
+
+
+@hookimpl
+def register_rewards(register):
+    register("gsm8k", "nanoverl_hf.rewards:gsm8k",
+             description="1 if the answer after '####' (else the last number) equals the GSM8K ground truth")
