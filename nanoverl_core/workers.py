@@ -12,6 +12,7 @@ returns an object with ``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` fo
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections import defaultdict
@@ -168,13 +169,20 @@ class TorchActor(_TorchWorker):
         super().__init__(module, config, config.actor if trainable else None, config.actor_mini_batch_size,
                          config.actor.ppo_epochs, device)
         self.temperature = config.rollout.temperature
+        # transformers models can run the LM head on the last positions only: the prompt's logits
+        # (B, P, V) are never needed, and at a real vocabulary they are most of the head's cost
+        self.keeps_logits = "logits_to_keep" in inspect.signature(module.forward).parameters
 
     def forward(self, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy."""
-        ids, mask, pos, width = model_inputs(batch.to(self.device))
-        logits = self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        logits = logits[:, -width - 1:-1].float() / self.temperature  # (B, R', V): logits predicting each response token
-        responses = batch["responses"][:, :width].to(self.device)
+        # trimmed on the host, then only the model's inputs travel to the device (once)
+        ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
+        keep = {"logits_to_keep": width + 1} if self.keeps_logits else {}
+        logits = self.module(input_ids=ids, attention_mask=mask, position_ids=pos, **keep).logits
+        logits = logits[:, -width - 1:-1].float()  # (B, R', V): logits predicting each response token
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        responses = ids[:, -width:]
         log_probs = logprobs_from_logits(logits, responses)
         entropy = entropy_from_logits(logits) if with_entropy else None
         full = batch["responses"].shape[1]
@@ -199,8 +207,10 @@ class TorchActor(_TorchWorker):
                 for mb in micro_batches:
                     mask = mb["response_mask"].to(self.device)
                     log_prob, entropy = self.forward(mb, with_entropy=cfg.entropy_coeff != 0)
+                    # no old_log_probs: a single on-policy step (see Trainer), pi_old is this forward's policy
+                    old = mb["old_log_probs"].to(self.device) if "old_log_probs" in mb else log_prob.detach()
                     loss, metrics = compute_policy_loss(
-                        mb["old_log_probs"].to(self.device), log_prob, mb["advantages"].to(self.device), mask,
+                        old, log_prob, mb["advantages"].to(self.device), mask,
                         clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
                         clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode, policy_loss=cfg.policy_loss,
                         log_ratio_clamp=cfg.log_ratio_clamp, loss_scale_factor=scale, **norms)
@@ -212,7 +222,7 @@ class TorchActor(_TorchWorker):
                         kl = compute_kl_loss(log_prob, mb["ref_log_probs"].to(self.device), mask, cfg.kl_loss_type,
                                              cfg.loss_agg_mode, loss_scale_factor=scale, **norms)
                         loss = loss + cfg.kl_loss_coef * kl
-                        sums["actor/kl_loss"].append(float(kl))
+                        sums["actor/kl_loss"].append(float(kl.detach()))
                     finite &= bool(torch.isfinite(loss))
                     (loss * self.dp_size).backward()  # FSDP averages gradients over ranks; undo that
                     total += float(loss.detach())
@@ -232,7 +242,7 @@ class TorchCritic(_TorchWorker):
                          config.critic.ppo_epochs, device)
 
     def forward(self, batch: RLBatch) -> torch.Tensor:
-        ids, mask, pos, width = model_inputs(batch.to(self.device))
+        ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
         values = self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits[..., 0].float()
         return _pad_right(values[:, -width - 1:-1], batch["responses"].shape[1])
 

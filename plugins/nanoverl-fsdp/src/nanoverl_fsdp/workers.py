@@ -1,0 +1,207 @@
+"""Worker `fsdp`: policy, reference and value model sharded with FSDP2 (`fully_shard`), one rank per process.
+
+The models are built exactly as the `hf` worker builds them (nanoverl_hf.models), then each decoder
+layer and the root are wrapped with `fully_shard` over all ranks. The PPO mechanics are the core's
+TorchActor / TorchCritic; the classes here override only what data parallelism changes:
+
+  - rows: every rank holds the whole step batch; log-probs and values are computed on this rank's
+    share of the rows and gathered back (parallel.my_rows / gather_rows); an update takes this rank's
+    share of every mini-batch, so the ranks together see exactly the mini-batches one process would;
+  - normalisers: each mini-batch's token / sequence totals are counted on the whole mini-batch
+    (every rank has it), and the core scales each micro-batch loss by dp_size before backward
+    because FSDP averages gradients over ranks: the summed gradient equals one process's;
+  - clipping: `clip_grad_norm_` over the DTensor gradients returns the global norm (the core calls
+    `full_tensor()`); a non-finite loss on any rank skips the step on every rank;
+  - metrics: averaged over ranks (`actor/loss`, each rank's share of the total, is summed);
+  - checkpoints: torch.distributed.checkpoint, every rank writes its shards into the trainer's
+    temporary folder, plus (rank 0) the transformers config and tokenizer so that
+    `python -m nanoverl_fsdp.export` can rebuild a plain model from the folder alone.
+
+Mixed precision: parameters are stored (and optimised) in `model.dtype`; forward / backward run in
+`worker.param_dtype` and gradients are reduced in `worker.reduce_dtype` (FSDP2 MixedPrecisionPolicy).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from nanoverl_core import RLBatch, TorchActor, TorchCritic, Workers
+from nanoverl_core.algos import loss_totals
+from nanoverl_core.config import Config
+from nanoverl_hf.models import (DTYPES, build_value_model, eos_token_ids, load_policy, load_tokenizer,
+                                neutral_generation_config, resolve_device, resolve_source)
+
+from . import parallel
+
+log = logging.getLogger("nanoverl_fsdp")
+
+HF_FILES = "hf"
+"""Sub-folder of a saved actor holding config.json, generation_config.json and the tokenizer."""
+
+
+class _Sharded:
+    """Data-parallel parts shared by FSDPActor and FSDPCritic (mixed in before the core class)."""
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    config: Config
+
+    # ---- data parallel: the hooks the core's update loop calls ------------------------------------
+    @property
+    def dp_size(self) -> int:
+        return parallel.world_size()
+
+    def global_sum(self, value: torch.Tensor) -> torch.Tensor:
+        return parallel.all_reduce_sum(value)
+
+    def minibatches(self, batch: RLBatch, mini_prompts: int, micro_rows: int):
+        """Per mini-batch of the whole batch: this rank's share split into micro-batches, and the
+        normalisers of the whole mini-batch. Fill rows get an all-zero response mask: no loss, no metric."""
+        for mini in batch.split(mini_prompts * self.config.rollout.n or len(batch)):
+            norms = loss_totals(mini["response_mask"])     # every rank holds the whole mini-batch
+            rows, real = parallel.my_rows(len(mini))
+            local = mini.index(rows)
+            if real < len(rows):
+                mask = local["response_mask"].clone()
+                mask[real:] = 0
+                local["response_mask"] = mask
+            yield local.split(micro_rows or len(local)), norms
+
+    def clip_and_step(self, nonfinite_loss: bool) -> float:
+        # every rank must take the same decision, or the next collective waits forever
+        anywhere = self.global_sum(torch.tensor(float(nonfinite_loss))) > 0
+        return super().clip_and_step(bool(anywhere))
+
+    def _on_my_rows(self, compute, batch: RLBatch) -> torch.Tensor:
+        """compute(rows) -> (rows, R) on this rank's share; all rows gathered: (B, R) on the CPU."""
+        rows, _ = parallel.my_rows(len(batch))
+        return parallel.gather_rows(compute(batch.index(rows)), len(batch))
+
+    # ---- checkpoints: torch.distributed.checkpoint, called on every rank with the same path --------
+    def _state(self) -> dict:
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.module)}
+        model, optimizer = get_state_dict(self.module, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        dcp.save(self._state(), checkpoint_id=str(path))   # each rank writes its shards; rank 0 the metadata
+        if parallel.rank() == 0 and self.scheduler is not None:
+            (path / "scheduler.json").write_text(json.dumps(self.scheduler.state_dict()))
+
+    def load(self, path: Path) -> None:
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(path))           # in place, into this rank's shards
+        if self.optimizer is None:
+            set_model_state_dict(self.module, state["model"])
+        else:
+            set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+
+    # ---- full weights, for a rollout engine or an export -----------------------------------------------
+    def iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) for every state-dict entry, gathered one tensor at a time, in the
+        module's storage dtype on its device. A collective: call it on every rank, and consume it whole."""
+        for name, value in self.module.state_dict().items():
+            yield name, (value.full_tensor() if hasattr(value, "full_tensor") else value).detach()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole unsharded state dict (transformers names) on the CPU of every rank; a collective."""
+        return {name: value.cpu() for name, value in self.iter_full_tensors()}
+
+
+class FSDPActor(_Sharded, TorchActor):
+    """A sharded policy (trainable) or reference (frozen)."""
+
+    def __init__(self, module: torch.nn.Module, config: Config, *, trainable: bool = True,
+                 device: torch.device | str = "cpu", tokenizer=None):
+        super().__init__(module, config, trainable=trainable, device=device)
+        self.tokenizer = tokenizer
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
+        return self._on_my_rows(super().compute_log_probs, batch)
+
+    def update(self, batch: RLBatch) -> dict[str, float]:
+        return parallel.reduce_metrics(super().update(batch), summed=("actor/loss",))
+
+    def save(self, path: Path) -> None:
+        super().save(path)
+        if parallel.rank() == 0:                            # what export needs to rebuild a plain model
+            self.module.config.save_pretrained(path / HF_FILES)
+            self.module.generation_config.save_pretrained(path / HF_FILES)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(path / HF_FILES)
+
+
+class FSDPCritic(_Sharded, TorchCritic):
+    @torch.no_grad()
+    def compute_values(self, batch: RLBatch) -> torch.Tensor:
+        return self._on_my_rows(super().compute_values, batch)
+
+    def update(self, batch: RLBatch) -> dict[str, float]:
+        return parallel.reduce_metrics(super().update(batch))
+
+
+def shard(module: torch.nn.Module, config: Config, device: torch.device) -> torch.nn.Module:
+    """fully_shard each transformer block (the classes in `_no_split_modules`), then the root.
+
+    The root unit keeps the embeddings and the head, so tied input / output embeddings stay one
+    parameter. Gathering a block's weights just before it runs and freeing them after is what lets
+    a model larger than one device train; on a tiny model it only costs collectives.
+    """
+    mesh = init_device_mesh(device.type, (parallel.world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=DTYPES[config.worker.param_dtype],
+                                  reduce_dtype=DTYPES[config.worker.reduce_dtype])
+    blocks = set(getattr(module, "_no_split_modules", None) or ())
+    module.to(device)
+    for sub in module.modules():
+        if sub is not module and type(sub).__name__ in blocks:
+            fully_shard(sub, mesh=mesh, mp_policy=policy)
+    fully_shard(module, mesh=mesh, mp_policy=policy)
+    return module
+
+
+def make_workers(config: Config) -> Workers:
+    source = resolve_source(config.model)          # a missing path fails here, before anything loads
+    device = resolve_device(config.trainer.device)
+    parallel.init_process_group(device.type)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())   # cuda:LOCAL_RANK under torchrun
+    tokenizer = load_tokenizer(config.model, source)
+
+    # Every rank builds the same full model (same files, same seed), then keeps only its shards.
+    policy = load_policy(config, source)
+    policy.generation_config = neutral_generation_config(policy, tokenizer, eos_token_ids(policy, tokenizer))
+    reference = copy.deepcopy(policy).eval() if config.reference.enable else None
+    critic = build_value_model(policy, config) if config.critic.enable else None
+    if config.model.gradient_checkpointing:
+        for module in (policy, critic):
+            if module is not None:
+                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if reference is not None:
+        reference.requires_grad_(False)
+    log.info("fsdp: %d ranks, device %s, param_dtype %s, reduce_dtype %s", parallel.world_size(), device,
+             config.worker.param_dtype, config.worker.reduce_dtype)
+
+    return Workers(
+        tokenizer=tokenizer,
+        actor=FSDPActor(shard(policy, config, device), config, device=device, tokenizer=tokenizer),
+        reference=FSDPActor(shard(reference, config, device), config, trainable=False, device=device)
+        if reference is not None else None,
+        critic=FSDPCritic(shard(critic, config, device), config, device=device) if critic is not None else None,
+    )

@@ -1,0 +1,84 @@
+"""One update on 2 FSDP ranks equals the single-process hf worker's, and the export reproduces the policy.
+
+The fsdp side runs under a real `torchrun --nproc_per_node=2` (gloo, CPU); the hf side in this process.
+Both run update_driver.py: the same config, fixed batch and seed (policy, reference and critic; two
+epochs of two mini-batches of micro-batches, a binding grad clip, then an odd-sized batch that makes
+one rank pad its share).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from conftest import HERE, run, torchrun
+
+sys.path.insert(0, str(HERE))
+import update_driver  # noqa: E402
+
+# Float32 sums in a different order (two half-batches, then an all-reduce) differ in the last bits;
+# Adam turns ~1e-7 relative gradient differences into ~1e-6 parameter differences over 5 steps at lr 1e-2.
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("update")
+    run(torchrun(2, str(HERE / "update_driver.py"), "--worker", "fsdp", "--model", str(tiny_model),
+                 "--out", str(tmp / "fsdp.pt"), "--ckpt", str(tmp / "checkpoint")), timeout=150)
+    torch.manual_seed(0)
+    hf = update_driver.run("hf", tiny_model)
+    return hf, torch.load(tmp / "fsdp.pt"), tmp
+
+
+def test_two_ranks_give_the_single_process_log_probs_values_metrics_and_parameters(results):
+    hf, fsdp, _ = results
+    assert all(torch.equal(hf["initial"][k], fsdp["initial"][k]) for k in hf["initial"])   # same start
+    for key in ("log_probs", "ref_log_probs", "values", "odd_log_probs"):
+        torch.testing.assert_close(fsdp[key], hf[key], atol=ATOL, rtol=0, msg=key)
+    for key in ("critic_metrics", "actor_metrics", "odd_actor_metrics"):
+        assert fsdp[key].keys() == hf[key].keys()
+        for name, want in hf[key].items():
+            assert fsdp[key][name] == pytest.approx(want, abs=ATOL), (key, name)
+    assert hf["actor_metrics"]["actor/grad_norm"] > 0.3            # the clip (0.3) was active
+    assert hf["actor_metrics"]["actor/pg_clipfrac"] > 0             # and so was the PPO clip
+    for model in ("actor", "critic"):
+        assert fsdp[model].keys() == hf[model].keys()
+        moved = max((hf[model][k] - hf["initial"].get(k, hf[model][k])).abs().max() for k in hf[model])
+        assert moved > 1e-2                                         # the update changed the weights...
+        for name, want in hf[model].items():                        # ...identically on 2 ranks
+            torch.testing.assert_close(fsdp[model][name], want, atol=ATOL, rtol=0, msg=f"{model} {name}")
+
+
+def test_exported_policy_loads_in_transformers_with_the_fsdp_logits(results):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nanoverl_fsdp.export import export
+
+    _, fsdp, tmp = results
+    out = export(tmp / "checkpoint", tmp / "final_model")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        logits = model(input_ids=fsdp["logits_input"]).logits
+    torch.testing.assert_close(logits, fsdp["logits"], atol=1e-6, rtol=0)
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in fsdp["actor"].items())   # bit for bit the trained weights
+    assert AutoTokenizer.from_pretrained(out).decode([5, 6]) == "23"
+
+
+def test_without_torchrun_the_fsdp_worker_is_a_world_of_one_with_the_same_update(results, tiny_model):
+    import torch.distributed as dist
+
+    hf, _, _ = results
+    try:
+        torch.manual_seed(0)
+        one = update_driver.run("fsdp", tiny_model)               # no torchrun: a process group of one
+        assert dist.get_world_size() == 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    for model in ("actor", "critic"):
+        for name, want in hf[model].items():
+            torch.testing.assert_close(one[model][name], want, atol=ATOL, rtol=0, msg=f"{model} {name}")
+    assert one["actor_metrics"]["actor/loss"] == pytest.approx(hf["actor_metrics"]["actor/loss"], abs=ATOL)

@@ -1,0 +1,120 @@
+"""One PPO update of policy and critic on a fixed batch, with the hf or the fsdp worker.
+
+    python update_driver.py --worker hf --model DIR --out results.pt
+    torchrun --standalone --nproc_per_node=2 update_driver.py --worker fsdp --model DIR --out results.pt --ckpt DIR
+
+The batch, the config and the initial weights depend only on the seed, so every process (and every
+world size) starts from the same numbers. Rank 0 writes the results: log-probs, values, the update
+metrics and the full parameters after the update. With --ckpt the fsdp actor also saves a sharded
+checkpoint there and the results hold the FSDP policy's logits on a fixed input (for the export test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from nanoverl_core import RLBatch, load_config
+
+ROWS_PER_PROMPT = 4
+OVERRIDES = [
+    "rollout.name=hf", "trainer.device=cpu", "trainer.seed=0", "data.batch_size=4", f"rollout.n={ROWS_PER_PROMPT}",
+    "rollout.max_new_tokens=6", "rollout.temperature=0.9",
+    # two optimizer steps per epoch (mini-batches of 2 prompts = 8 rows), micro-batches of 2 rows,
+    # two epochs, a clip that binds: every piece of the core's update loop is exercised
+    "actor.mini_batch_size=2", "actor.micro_batch_size=2", "actor.ppo_epochs=2", "actor.lr=1e-2",
+    "actor.grad_clip=0.3", "actor.entropy_coeff=0.01", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1",
+    "actor.lr_schedule=cosine", "actor.warmup_steps=1", "actor.weight_decay=0.01",
+    "reference.enable=true", "critic.enable=true", "critic.lr=1e-2", "critic.mini_batch_size=2",
+    "critic.micro_batch_size=2", "critic.grad_clip=0.3", "algorithm.advantage_estimator=gae",
+]
+
+
+def make_config(worker: str, model: Path):
+    return load_config(None, [f"worker.name={worker}", f"model.path={model}", f"data.train_files=[{model}/unused.jsonl]",
+                              *OVERRIDES])
+
+
+def fixed_batch(tokenizer, prompts: int = 4, seed: int = 1) -> RLBatch:
+    """prompts x ROWS_PER_PROMPT rows: left-padded digit prompts, right-padded responses of 1-6 tokens
+    (some ending in EOS), and random advantages, returns and old log-probs offsets."""
+    g = torch.Generator().manual_seed(seed)
+    rows = prompts * ROWS_PER_PROMPT
+    digits = [tokenizer.convert_tokens_to_ids(c) for c in "0123456789"]
+    P, R = 6, 6
+    batch = RLBatch({"prompts": torch.full((rows, P), tokenizer.pad_token_id), "prompt_mask": torch.zeros(rows, P, dtype=torch.long),
+                     "responses": torch.full((rows, R), tokenizer.pad_token_id), "response_mask": torch.zeros(rows, R)},
+                    {"uid": [f"p{i // ROWS_PER_PROMPT}" for i in range(rows)]})
+    for i in range(rows):
+        p = int(torch.randint(2, P + 1, (1,), generator=g))
+        prompt = [digits[int(j)] for j in torch.randint(0, 10, (p,), generator=g)]
+        batch["prompts"][i, P - p:] = torch.tensor(prompt)
+        batch["prompt_mask"][i, P - p:] = 1
+        r = int(torch.randint(1, R + 1, (1,), generator=g))
+        response = [digits[int(j)] for j in torch.randint(0, 10, (r,), generator=g)]
+        if torch.rand((), generator=g) < 0.5:
+            response[-1] = tokenizer.eos_token_id
+        batch["responses"][i, :r] = torch.tensor(response)
+        batch["response_mask"][i, :r] = 1
+    mask = batch["response_mask"]
+    batch["advantages"] = torch.randn(rows, R, generator=g) * mask
+    batch["returns"] = torch.randn(rows, R, generator=g) * mask
+    batch["old_log_probs_offset"] = 0.3 * torch.randn(rows, R, generator=g) * mask   # ratios away from 1: clipping
+    return batch
+
+
+def full_params(worker) -> dict[str, torch.Tensor]:
+    if hasattr(worker, "full_state_dict"):
+        return worker.full_state_dict()
+    return {k: v.detach().clone() for k, v in worker.module.state_dict().items()}
+
+
+def run(worker: str, model: Path, ckpt: Path | None = None) -> dict:
+    if worker == "hf":
+        from nanoverl_hf.workers import make_workers
+    else:
+        from nanoverl_fsdp.workers import make_workers
+    config = make_config(worker, model)
+    torch.manual_seed(0)
+    workers = make_workers(config)
+    batch = fixed_batch(workers.tokenizer)
+    out: dict = {"initial": full_params(workers.actor)}
+    log_probs = workers.actor.compute_log_probs(batch)                              # (16, 6)
+    batch["old_log_probs"] = log_probs + batch.pop("old_log_probs_offset")
+    batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)
+    batch["values"] = workers.critic.compute_values(batch)
+    out.update(log_probs=log_probs, ref_log_probs=batch["ref_log_probs"], values=batch["values"])
+    out["critic_metrics"] = workers.critic.update(batch)
+    out["actor_metrics"] = workers.actor.update(batch)
+    # 7 rows: 4 + 3 across two ranks, so the second rank pads its share with a masked fill row
+    odd = batch.index(list(range(7)))
+    out["odd_log_probs"] = workers.actor.compute_log_probs(odd)
+    out["odd_actor_metrics"] = workers.actor.update(odd)
+    out["actor"], out["critic"] = full_params(workers.actor), full_params(workers.critic)
+    if ckpt is not None:
+        workers.actor.save(ckpt / "actor")
+        ids = batch["prompts"][:3]
+        with torch.no_grad():
+            out["logits"] = workers.actor.module(input_ids=ids).logits.float()      # every rank: a collective
+        out["logits_input"] = ids
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", choices=["hf", "fsdp"], required=True)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--ckpt", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    out = run(args.worker, args.model, args.ckpt)
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save(out, args.out)
+
+
+if __name__ == "__main__":
+    main()
