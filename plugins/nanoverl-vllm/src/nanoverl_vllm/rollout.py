@@ -1,0 +1,164 @@
+"""Rollout `vllm`: an offline vLLM engine next to the trainer, fed the actor's weights after every update.
+
+    generate(batch, params)   one vLLM request per row (prompt ids without their left padding), rows
+                              in order; responses built by the core's `responses_to_batch`, plus
+                              `rollout_log_probs` (vLLM's log-prob of each sampled token)
+    sync_weights(actor)       stream the actor's tensors into the running engine (in place, ~0.01 s on
+                              the tiny CPU model); if that fails, restart the engine from the actor's
+                              current weights instead of generating with a half-loaded model
+
+Sampling follows `SamplingParams` only (the checkpoint's generation_config.json is ignored). Each
+sampled row gets its own vLLM seed, `base + row` with `base` drawn from torch's global generator
+(seeded by `trainer.seed`), so a run is reproducible and rows that share a prompt still get different
+samples; greedy calls (validation) draw nothing, so validating does not shift the training samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from nanoverl_core import RLBatch, SamplingParams, responses_to_batch
+from nanoverl_core.config import Config
+
+from . import engine
+from .engine import TokensPrompt, VLLMSamplingParams
+
+log = logging.getLogger("nanoverl_vllm")
+
+
+def to_vllm_params(params: SamplingParams, *, stop_token_ids: list[int], seed: int | None,
+                   log_probs: bool) -> VLLMSamplingParams:
+    """nanoverl SamplingParams -> vLLM SamplingParams for one request (n=1: rows are already repeated)."""
+    return VLLMSamplingParams(
+        n=1,
+        temperature=params.temperature,               # 0 is greedy in vLLM too
+        top_p=1.0 if params.greedy else params.top_p,
+        top_k=0 if params.greedy else params.top_k,   # 0 disables top-k (vLLM < 0.10 spelled it -1)
+        max_tokens=params.max_new_tokens,
+        stop_token_ids=list(stop_token_ids),          # the stop token is kept in token_ids, as the mask wants
+        seed=None if params.greedy else seed,
+        logprobs=0 if log_probs else None,            # 0: only the sampled token's log-prob
+        detokenize=False)
+
+
+def eos_token_ids(tokenizer, module) -> list[int]:
+    """The tokenizer's EOS plus those of the model's generation config (as the hf rollout stops)."""
+    ids = [tokenizer.eos_token_id]
+    extra = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
+    for value in ([extra] if isinstance(extra, int) else list(extra or [])):
+        if value not in ids:
+            ids.append(value)
+    return ids
+
+
+class VLLMRollout:
+    def __init__(self, config: Config, workers, *, log_probs: bool = True, sleep: bool | None = None):
+        """`sleep=None` frees the engine's accelerator memory between generate calls where vLLM supports
+        it (CUDA / ROCm); on CPU there is nothing to free (`sleep=True` there runs the same calls, which
+        vLLM's CPU worker ignores: how the tests cover this path). `log_probs` adds `rollout_log_probs`."""
+        self.config = config
+        self.tokenizer = workers.tokenizer
+        self.actor = workers.actor                                  # re-read after a sleep or a failed sync
+        self.log_probs = log_probs
+        self.sleep = engine.sleep_supported() if sleep is None else sleep
+        self.eos_token_ids = eos_token_ids(self.tokenizer, self.actor.module)
+        self.folder = Path(tempfile.mkdtemp(prefix="nanoverl-vllm-"))   # config.json (+ weights on restart)
+        weakref.finalize(self, shutil.rmtree, self.folder, True)
+        self.hf_config = engine.write_engine_folder(self.actor.module, self.folder)
+        self.llm = None
+        self.restarts = 0
+        self.asleep = False
+        self.last_sync_s = 0.0
+        # vLLM creates a torch.distributed group for its world of one unless one exists (torchrun).
+        self._owns_distributed = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+        self._start(self.actor)
+
+    # ---- engine life cycle -----------------------------------------------------------------------
+    def _start(self, actor, *, from_disk: bool = False) -> None:
+        """Start an engine holding `actor`'s current weights.
+
+        In-process the engine starts with dummy weights and the real ones are pushed in; with a
+        separate engine process (or after a failed push) they are saved to the folder and read from it.
+        """
+        from_disk = from_disk or not engine.in_process()
+        if from_disk:
+            engine.save_weights(engine.actor_weights(actor.module), self.folder)
+        kwargs = engine.engine_kwargs(self.config, self.folder, self.hf_config,
+                                      load_format="safetensors" if from_disk else "dummy", sleep=self.sleep)
+        start = time.perf_counter()
+        self.llm = engine.start_engine(kwargs)
+        self.start_s = time.perf_counter() - start
+        if not from_disk:
+            engine.push_weights(self.llm, engine.actor_weights(actor.module), self.folder)
+        self.asleep = False
+
+    def restart(self, actor) -> None:
+        """Stop the engine and start a fresh one from `actor`'s current weights, written to disk."""
+        engine.stop_engine(self.llm, self._owns_distributed)
+        self.llm = None
+        self._start(actor, from_disk=True)
+        self.restarts += 1
+
+    def close(self) -> None:
+        engine.stop_engine(self.llm, self._owns_distributed)
+        self.llm = None
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    # ---- weights ---------------------------------------------------------------------------------
+    def sync_weights(self, actor, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Make the next generate use the actor's current weights.
+
+        `weights` (name, tensor) pairs default to the actor's full state dict, streamed one tensor at a
+        time. A failure part-way would leave the engine with some layers new, some old and some not
+        loaded at all, so the engine is restarted from the actor's weights instead (and the error logged).
+        """
+        start = time.perf_counter()
+        self.actor = actor
+        try:
+            if self.asleep:
+                self.llm.wake_up(tags=["weights"])            # allocate the weight memory back (contents are stale)
+            engine.push_weights(self.llm, weights if weights is not None else engine.actor_weights(actor.module),
+                                self.folder)
+            if self.asleep:
+                self.llm.wake_up(tags=["kv_cache"])
+                self.asleep = False
+        except Exception as exc:
+            log.warning("vLLM weight sync failed (%s: %s); restarting the engine from the actor's current weights",
+                        type(exc).__name__, exc)
+            self.restart(actor)
+        self.last_sync_s = time.perf_counter() - start
+
+    # ---- generation --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
+        """One response per row of `batch`, in row order (see nanoverl_core.rollout)."""
+        if self.asleep:                                        # slept since the last sync: weights were dropped
+            self.sync_weights(self.actor)
+        prompts, prompt_mask = batch["prompts"], batch["prompt_mask"].bool()            # (B, P), left-padded
+        requests = [TokensPrompt(prompt_token_ids=row[mask].tolist()) for row, mask in zip(prompts, prompt_mask)]
+        base_seed = 0 if params.greedy else int(torch.randint(0, 2**31, ()))   # global torch RNG; greedy draws none
+        sampling = [to_vllm_params(params, stop_token_ids=self.eos_token_ids, seed=base_seed + row,
+                                   log_probs=self.log_probs) for row in range(len(requests))]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)                 # same order as requests
+        completions = [out.outputs[0] for out in outputs]
+        responses = [list(c.token_ids) for c in completions]
+        log_probs = None
+        if self.log_probs:
+            log_probs = [[step[token].logprob for token, step in zip(c.token_ids, c.logprobs)] for c in completions]
+        if self.sleep:
+            self.llm.sleep(level=2)                            # free weights + KV cache while the trainer works
+            self.asleep = True
+        return responses_to_batch(responses, eos_token_id=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
+                                  max_new_tokens=params.max_new_tokens, log_probs=log_probs)
+
+
+def make_rollout(config: Config, workers) -> VLLMRollout:
+    return VLLMRollout(config, workers)

@@ -1,0 +1,236 @@
+"""The vllm rollout on a real engine: same outputs as the hf rollout, same log-probs as the hf worker,
+weight sync after real updates, and recovery from a sync that fails half-way.
+
+One engine (~5 s to start on CPU) serves the module; `fresh` puts the initial weights back in the
+actor and syncs them before each test.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from conftest import kept, prompt_batch  # noqa: E402
+
+from nanoverl_core import ConfigError, SamplingParams  # noqa: E402
+from nanoverl_hf.rollout import HFRollout  # noqa: E402
+from nanoverl_hf.workers import make_workers  # noqa: E402
+from nanoverl_vllm import engine as vllm_engine  # noqa: E402
+from nanoverl_vllm.rollout import VLLMRollout, make_rollout  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
+PROMPTS = ["12=", "9=", "5555=", "301=", "77=", "123456=", "8="]
+
+
+def scramble(module, seed: int, scale: float = 0.5) -> None:
+    """Add seeded noise to every weight: a random-init tiny model answers almost everything with '=',
+    a scrambled one gives varied responses, so equality checks mean something."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir, make_config):
+    cfg = make_config(tiny_dir, "trainer.seed=3", "actor.lr=3e-2")
+    workers = make_workers(cfg)
+    scramble(workers.actor.module, seed=0)
+    initial = {k: v.clone() for k, v in workers.actor.module.state_dict().items()}
+    rollout = make_rollout(cfg, workers)
+    yield cfg, workers, rollout, initial
+    rollout.close()
+
+
+@pytest.fixture
+def fresh(engine):
+    cfg, workers, rollout, initial = engine
+    workers.actor.module.load_state_dict(initial)
+    workers.actor.temperature = cfg.rollout.temperature
+    rollout.sync_weights(workers.actor)
+    return cfg, workers, rollout
+
+
+def hf_greedy(cfg, workers, batch):
+    return HFRollout(cfg, workers).generate(batch, GREEDY)     # generates with the actor's own module
+
+
+def test_greedy_output_is_the_hf_rollouts_token_for_token(fresh):
+    cfg, workers, rollout = fresh
+    batch = prompt_batch(workers.tokenizer, PROMPTS, width=10)              # extra left padding on every row
+    out, want = rollout.generate(batch, GREEDY), hf_greedy(cfg, workers, batch)
+    assert set(out.keys()) == set(want.keys()) | {"rollout_log_probs"}
+    for key in want.keys():
+        assert out[key].dtype == want[key].dtype and out[key].shape == want[key].shape, key
+    assert torch.equal(out["responses"], want["responses"])
+    assert torch.equal(out["response_mask"], want["response_mask"])
+    assert len({tuple(kept(out, r)) for r in range(len(PROMPTS))}) >= 3      # varied answers, not all '='
+
+
+def test_rows_keep_their_order(fresh):
+    _, workers, rollout = fresh
+    batch = prompt_batch(workers.tokenizer, PROMPTS)
+    out = rollout.generate(batch, GREEDY)
+    flipped = rollout.generate(batch.reorder(list(reversed(range(len(PROMPTS))))), GREEDY)
+    for row in range(len(PROMPTS)):
+        assert kept(flipped, len(PROMPTS) - 1 - row) == kept(out, row)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1.3])
+def test_rollout_log_probs_equal_the_hf_workers(fresh, temperature):
+    _, workers, rollout = fresh
+    workers.actor.temperature = temperature                                 # the trainer's log-probs use it too
+    batch = prompt_batch(workers.tokenizer, PROMPTS * 8)
+    torch.manual_seed(0)
+    out = rollout.generate(batch, SamplingParams(max_new_tokens=8, temperature=temperature))
+    batch.update(out)
+    want = workers.actor.compute_log_probs(batch)                           # (B, R), zero on padding
+    mask = out["response_mask"].bool()
+    assert out["rollout_log_probs"].shape == want.shape
+    assert (out["rollout_log_probs"][~mask] == 0).all()
+    diff = (out["rollout_log_probs"] - want)[mask].abs().max().item()
+    assert diff < 1e-4, diff                                                 # measured ~3e-6 in float32
+    assert want[mask].mean() < -0.1                                         # real sampling, not near-greedy
+
+
+def test_sampling_is_seeded_by_torch_and_top_k_1_is_greedy(fresh):
+    _, workers, rollout = fresh
+    batch = prompt_batch(workers.tokenizer, PROMPTS)
+    greedy = rollout.generate(batch, GREEDY)
+    top1 = rollout.generate(batch, SamplingParams(max_new_tokens=6, temperature=1.0, top_k=1))
+    assert torch.equal(top1["responses"], greedy["responses"])
+    params = SamplingParams(max_new_tokens=6, temperature=1.3, top_p=0.9)
+    torch.manual_seed(11)
+    a = rollout.generate(batch, params)
+    torch.manual_seed(11)
+    rollout.generate(batch, GREEDY)                                         # validation draws no random numbers
+    b = rollout.generate(batch, params)
+    assert torch.equal(a["responses"], b["responses"]) and not torch.equal(a["responses"], greedy["responses"])
+    same_prompt = rollout.generate(prompt_batch(workers.tokenizer, ["12="] * 16), params)
+    assert len({tuple(kept(same_prompt, r)) for r in range(16)}) > 4       # rows of one prompt differ
+
+
+def test_response_mask_covers_tokens_up_to_and_including_eos(fresh):
+    _, workers, rollout = fresh
+    with torch.no_grad():
+        workers.actor.module.get_input_embeddings().weight.zero_()           # tied: uniform over 14 tokens
+    rollout.sync_weights(workers.actor)
+    tok = workers.tokenizer
+    torch.manual_seed(0)
+    out = rollout.generate(prompt_batch(tok, ["1="] * 64), SamplingParams(max_new_tokens=12))
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    ended = 0
+    for row in range(64):
+        ids, mask = out["responses"][row].tolist(), out["response_mask"][row]
+        length = int(mask.sum())
+        assert mask[:length].eq(1).all() and mask[length:].eq(0).all()
+        assert eos not in ids[:length - 1]
+        if ids[length - 1] == eos:
+            ended += 1
+        else:
+            assert length == 12
+        assert all(t == pad for t in ids[length:])
+    assert 30 < ended < 64                                                   # ~1 - (13/14)^12 = 59% end early
+    lp = out["rollout_log_probs"][out["response_mask"].bool()]
+    assert torch.allclose(lp, torch.full_like(lp, -torch.log(torch.tensor(14.0)).item()), atol=1e-5)
+
+
+def train_to_answer(workers, answer: list[int], steps: int = 40):
+    """Real actor updates pushing two prompts toward `answer` (advantage +1 on every token)."""
+    batch = prompt_batch(workers.tokenizer, ["12=", "34="])
+    batch["responses"] = torch.tensor([answer, answer])
+    batch["response_mask"] = torch.ones(2, len(answer))
+    batch["advantages"] = torch.ones(2, len(answer))
+    for _ in range(steps):
+        batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
+        workers.actor.update(batch)
+
+
+def test_sync_after_real_updates_gives_the_hf_greedy_output(fresh):
+    cfg, workers, rollout = fresh
+    tok = workers.tokenizer
+    batch = prompt_batch(tok, ["12=", "34=", *PROMPTS[1:]])
+    before = rollout.generate(batch, GREEDY)
+    target = [11] * 6                                                        # "777777", cut at the budget
+    assert kept(before, 0) != target
+    train_to_answer(workers, target)
+    assert torch.equal(rollout.generate(batch, GREEDY)["responses"], before["responses"])   # not synced yet
+    rollout.sync_weights(workers.actor)
+    assert rollout.last_sync_s < 1.0
+    after = rollout.generate(batch, GREEDY)
+    assert kept(after, 0) == target and kept(after, 1) == target
+    assert torch.equal(after["responses"], hf_greedy(cfg, workers, batch)["responses"])
+
+
+def fail_half_way(weights):
+    """The actor's tensors, but the stream breaks after half of them (a rank dying mid-gather, say)."""
+    weights = list(weights)
+    yield from weights[: len(weights) // 2]
+    raise RuntimeError("weight stream broke")
+
+
+def test_a_failed_sync_restarts_the_engine_from_the_current_weights(fresh, caplog):
+    cfg, workers, rollout = fresh
+    batch = prompt_batch(workers.tokenizer, PROMPTS)
+    old_llm, restarts = rollout.llm, rollout.restarts
+    scramble(workers.actor.module, seed=1)
+    torch.manual_seed(7)
+    random.seed(7)
+    want_draws = (torch.rand(2).tolist(), random.random())
+    torch.manual_seed(7)
+    random.seed(7)
+    with caplog.at_level(logging.WARNING, logger="nanoverl_vllm"):
+        rollout.sync_weights(workers.actor, weights=fail_half_way(vllm_engine.actor_weights(workers.actor.module)))
+    assert "weight stream broke" in caplog.text and "restarting" in caplog.text
+    assert (torch.rand(2).tolist(), random.random()) == want_draws           # vLLM's re-seeding was undone
+    assert rollout.restarts == restarts + 1 and rollout.llm is not old_llm
+    assert torch.equal(rollout.generate(batch, GREEDY)["responses"], hf_greedy(cfg, workers, batch)["responses"])
+    scramble(workers.actor.module, seed=2)                                   # the new engine syncs in place too
+    rollout.sync_weights(workers.actor)
+    assert rollout.restarts == restarts + 1
+    assert torch.equal(rollout.generate(batch, GREEDY)["responses"], hf_greedy(cfg, workers, batch)["responses"])
+
+
+def test_unsupported_settings_are_config_errors_before_the_engine_starts(tmp_path, make_config):
+    from nanoverl_hf.tiny import build_tiny_model
+
+    four_heads = build_tiny_model(tmp_path / "m4")                          # head_dim 16
+    cfg = make_config(four_heads)
+    with pytest.raises(ConfigError, match="head_dim 16"):
+        VLLMRollout(cfg, make_workers(cfg))
+    two_heads = build_tiny_model(tmp_path / "m2", heads=2)
+    cfg = make_config(two_heads, "rollout.temperature=2.5")
+    with pytest.raises(ConfigError, match=r"rollout.temperature = 2.5"):
+        VLLMRollout(cfg, make_workers(cfg))
+    cfg = make_config(two_heads, "data.max_prompt_length=200")
+    with pytest.raises(ConfigError, match="max_position_embeddings"):
+        VLLMRollout(cfg, make_workers(cfg))
+
+
+def test_sleeping_between_generate_calls_keeps_outputs_right(tiny_dir, make_config):
+    """The sleep / wake-up sequence used on GPU (level 2 drops the weights), run on CPU where vLLM's
+    worker makes the memory part a no-op: what is checked is that the rollout never generates from
+    dropped weights, whether or not a sync came in between."""
+    cfg = make_config(tiny_dir, "trainer.seed=5")
+    workers = make_workers(cfg)
+    scramble(workers.actor.module, seed=3)
+    rollout = VLLMRollout(cfg, workers, sleep=True)
+    try:
+        batch = prompt_batch(workers.tokenizer, PROMPTS)
+        first = rollout.generate(batch, GREEDY)
+        assert rollout.asleep and rollout.llm.llm_engine.is_sleeping()
+        assert torch.equal(rollout.generate(batch, GREEDY)["responses"], first["responses"])   # woke up by itself
+        scramble(workers.actor.module, seed=4)
+        rollout.sync_weights(workers.actor)                                  # wakes, loads, wakes the KV cache
+        assert not rollout.asleep and not rollout.llm.llm_engine.is_sleeping()
+        assert torch.equal(rollout.generate(batch, GREEDY)["responses"], hf_greedy(cfg, workers, batch)["responses"])
+        assert rollout.restarts == 0
+    finally:
+        rollout.close()

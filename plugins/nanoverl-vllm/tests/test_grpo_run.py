@@ -1,0 +1,46 @@
+"""End to end: `nanoverl-train` with rollout vllm + worker hf learns the tiny copy task.
+
+The copy task's config (examples/configs/tiny_grpo.toml) with its model rebuilt with two heads of 32
+(vLLM's CPU attention has no head_dim 16 kernel; same parameter count, 83,136). Thresholds are the
+measured values of both rollouts on this model and seed, with margin (see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+ROOT = Path(__file__).resolve().parents[3]
+TRAIN = Path(sys.executable).parent / "nanoverl-train"
+STEPS = 250
+VAL_REWARD_AT_LEAST = 0.7
+"""Measured greedy val/reward/mean at step 250, seed 0: 1.0 with rollout vllm (1.0 from step 200 on),
+0.922 with rollout hf. Over seeds 0-4 the mean is 0.834 (vllm) and 0.825 (hf); the README has the table."""
+
+
+@pytest.mark.engine
+def test_grpo_with_the_vllm_rollout_learns_the_copy_task(tmp_path):
+    from nanoverl_hf.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", alphabet="0123456789=", heads=2)
+    run = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [str(TRAIN), "--config", "examples/configs/tiny_grpo.toml", "rollout.name=vllm", f"model.path={model}",
+         f"trainer.total_steps={STEPS}", f"trainer.output_dir={run}", "trainer.save_every=0", "trainer.val_every=50",
+         "tracking.trackers=[jsonl]", "trainer.progress=none"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
+    assert val[STEPS] >= VAL_REWARD_AT_LEAST, val
+    assert all(r["timing/weight_sync"] < 1.0 for r in rows)
+    assert rows[-1]["reward/mean"] > rows[0]["reward/mean"] + 0.3
