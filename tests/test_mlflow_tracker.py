@@ -81,7 +81,7 @@ class MlflowServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 120) -> None:
-        cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
                "--backend-store-uri", f"sqlite:///{self.root / 'db'}", "--default-artifact-root",
                str(self.root / "art"), "--workers", "1"]
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job workers: starts in ~10 s
