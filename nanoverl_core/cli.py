@@ -10,6 +10,7 @@ Exit status: 0 success; 2 a user error (one `error:` line on stderr, no tracebac
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -84,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `nanoverl-train plugins | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # silence the flush at exit
         return 141  # 128 + SIGPIPE, as shells report it
+    except OSError as exc:  # a full disk or a read-only / forbidden folder is the user's to fix, not a bug
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES):
+            raise
+        print(f"error: {exc.strerror}: {exc.filename or 'a file of the run'}; free disk space or fix the "
+              "folder's permissions, then rerun (a run resumes from its newest checkpoint)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("error: interrupted; rerun the same command to resume from the newest checkpoint", file=sys.stderr)
         return 130

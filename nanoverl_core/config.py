@@ -8,6 +8,7 @@ critic off, ...) live in ``Config.validate`` and run before any model loads.
 
 import difflib
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -310,6 +311,8 @@ class Config:
         for key, value in nonneg.items():
             if value < 0:
                 raise ConfigError(f"{key} = {value} must not be negative")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
+            raise ConfigError(f"trainer.device = {t.device!r} is not a supported device; use auto, cpu, cuda or cuda:N")
         if t.keep_checkpoints < 1:
             raise ConfigError(f"trainer.keep_checkpoints = {t.keep_checkpoints} must be at least 1 "
                               "(a resumable run needs its newest checkpoint)")
@@ -484,3 +487,14 @@ def _strict(kind: type):
 
 for _kind in (bool, int, float, str):
     _converter.register_structure_hook(_kind, _strict(_kind))
+
+
+# cattrs turns a string into a list of its characters: `train_files = "a.jsonl"` would read ["a", ".", ...].
+def _strict_list(value: Any, kind: Any) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"expected a list, got {type(value).__name__} {value!r}")
+    (item,) = get_args(kind) or (Any,)
+    return [_converter.structure(v, item) for v in value]
+
+
+_converter.register_structure_hook_func(lambda t: get_origin(t) is list, _strict_list)

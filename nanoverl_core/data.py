@@ -49,6 +49,8 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
         fmt = _FORMATS.get(path.suffix)
         if fmt is None:
             raise DataError(f"{key}: data file {name} must end in .jsonl, .json or .parquet")
+        if path.stat().st_size == 0:  # `datasets` reports an empty file as a bare StopIteration
+            raise DataError(f"{key}: data file {name} has no rows")
         try:
             ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
         except Exception as exc:  # datasets raises many types for malformed files
@@ -82,8 +84,11 @@ def load_prompts(files: list[str], cfg: DataConfig, tokenizer, key: str = "data.
     kept_rows, ids, texts = [], [], []
     for row in rows:
         text = render_prompt(row, cfg, tokenizer)
-        tokens = tokenizer.encode(text, add_special_tokens=False) if getattr(tokenizer, "chat_template", None) \
-            else tokenizer.encode(text)
+        try:
+            tokens = tokenizer.encode(text, add_special_tokens=False) if getattr(tokenizer, "chat_template", None) \
+                else tokenizer.encode(text)
+        except DataError as exc:  # a tokenizer that rejects the text: say which file and row
+            raise DataError(f"{row['__file__']} row {row['__row__']}: {exc}") from None
         if not tokens:
             raise DataError(f"{row['__file__']} row {row['__row__']}: the prompt is empty")
         if len(tokens) <= cfg.max_prompt_length:
