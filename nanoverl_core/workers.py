@@ -42,9 +42,8 @@ class Workers:
     critic: TorchCritic | None = None
 
 
-def resolve_device(config: Config) -> torch.device:
-    """trainer.device as a torch device; "auto" picks cuda when available."""
-    name = config.trainer.device
+def resolve_device(name: str) -> torch.device:
+    """`trainer.device` as a torch device: "auto" picks cuda when available; a missing device is a ConfigError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -79,3 +79,17 @@ def test_filter_groups_drops_uniform_groups_and_counts_them(tmp_path):
     rows = read_metrics(tmp_path)
     # exact match of an untrained policy is 0 for every sample: every group is uniform and dropped
     assert rows[0]["rollout/filtered_groups"] == 16
+
+
+def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
+    args = ["--config", REINFORCE, QUIET, "trainer.val_every=0", "trainer.save_every=1", "trainer.keep_checkpoints=3",
+            f"trainer.output_dir={tmp_path}"]
+    assert run_cli(*args, "trainer.total_steps=4").returncode == 0
+    root = tmp_path / "checkpoints"
+    proc = run_cli(*args, "trainer.total_steps=5", f"trainer.resume={root / 'step_000002'}")
+    assert proc.returncode == 0, proc.stderr
+    assert "set the newer step_000003 aside" in proc.stderr
+    names = sorted(p.name for p in root.iterdir())
+    # the resumed timeline's saves (3, 4, 5) are the complete ones; the old 3 and 4 are kept aside
+    assert names == ["abandoned-step_000003", "abandoned-step_000004", "step_000003", "step_000004", "step_000005"]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]

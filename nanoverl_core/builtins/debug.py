@@ -138,7 +138,7 @@ class DebugRollout:
 
 def make_workers(config: Config) -> Workers:
     tokenizer = CharTokenizer()
-    device = resolve_device(config)
+    device = resolve_device(config.trainer.device)
     m = config.model
     vocab = m.vocab_size or tokenizer.vocab_size
     torch.manual_seed(config.trainer.seed)

@@ -16,6 +16,7 @@ import pickle
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,24 @@ def clean_partial(root: Path) -> None:
     if root.is_dir() and is_rank0():
         for p in root.glob(".tmp-*"):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def set_aside_newer(root: Path, resume_from: Path) -> None:
+    """Resuming an older checkpoint of this run: rename its newer checkpoints to `abandoned-step_<N>`.
+
+    They are kept (nothing is deleted), but no longer count as complete checkpoints, so keep-last-k
+    pruning cannot delete the resumed timeline's own saves and `resume = "auto"` picks from it.
+    """
+    match = _STEP_DIR.match(resume_from.name)
+    if match is None or not is_rank0():
+        barrier()
+        return
+    for newer in complete_checkpoints(root):
+        if int(_STEP_DIR.match(newer.name).group(1)) > int(match.group(1)):
+            newer.rename(newer.with_name(f"abandoned-{newer.name}"))
+            print(f"warning: trainer.resume = {resume_from}: set the newer {newer.name} aside as "
+                  f"abandoned-{newer.name}", file=sys.stderr)
+    barrier()
 
 
 def rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

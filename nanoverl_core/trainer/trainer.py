@@ -35,7 +35,7 @@ from ..reward import place_scores
 from ..rollout import SamplingParams
 from ..workers import NonFiniteError
 from .checkpoint import (checkpoint_root, clean_partial, complete_checkpoints, load_checkpoint, read_tracker_states,
-                         save_checkpoint)
+                         save_checkpoint, set_aside_newer)
 from .dist import is_rank0, shard_rollout
 from .resolve import resolve_plugins
 from .validation import validate
@@ -75,6 +75,11 @@ class Trainer:
             if cfg.data.val_files else None
         self.sampler = StatefulSampler(len(self.train_data), cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
         self.kl_ctrl = make_kl_controller(cfg.algorithm)
+        # One on-policy optimizer step per batch: pi_old *is* the policy being updated, so the update
+        # takes its old log-probs from its own forward pass (detached) and step 5 costs nothing.
+        # A reference policy keeps the separate pass (its KL reads the old log-probs before the update).
+        self.old_log_probs_from_update = (cfg.actor.ppo_epochs == 1 and self.workers.reference is None
+                                          and cfg.actor_mini_batch_size == cfg.data.batch_size)
         self.step = 0
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.workers)
@@ -99,6 +104,7 @@ class Trainer:
         path = Path(mode)
         if not path.is_dir():
             raise CheckpointError(f"trainer.resume = {mode!r} is not a folder; use auto, never or a checkpoint path")
+        set_aside_newer(root, path)  # so pruning and a later resume=auto never mix the two timelines
         return path
 
     def _write_run_config(self, registry: Registry) -> None:
@@ -146,7 +152,8 @@ class Trainer:
                     print(f"warning: step {self.step}: every group had equal rewards; no update", file=sys.stderr)
                     return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
             with timed(timing, "old_log_probs"):
-                batch["old_log_probs"] = self.workers.actor.compute_log_probs(batch)   # 5.
+                if not self.old_log_probs_from_update:
+                    batch["old_log_probs"] = self.workers.actor.compute_log_probs(batch)   # 5.
             if self.workers.reference is not None:
                 with timed(timing, "ref_log_probs"):
                     batch["ref_log_probs"] = self.workers.reference.compute_log_probs(batch)  # 6.
@@ -193,8 +200,11 @@ class Trainer:
 
     def score(self, batch: RLBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Decode responses, score them, put each score on its last response token."""
-        texts = [self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
-                 for ids, mask in zip(batch["responses"], batch["response_mask"])]
+        lengths = batch["response_mask"].sum(-1).int().tolist()                # the mask is a prefix of each row
+        rows = [ids[:n] for ids, n in zip(batch["responses"].tolist(), lengths)]
+        batch_decode = getattr(self.tokenizer, "batch_decode", None)             # one call for the batch (HF)
+        texts = batch_decode(rows, skip_special_tokens=True) if batch_decode else \
+            [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in rows]
         scores, metrics = self.reward.score(batch, texts)
         batch["response_text"] = texts
         batch["score"] = scores

@@ -23,6 +23,7 @@ import torch
 
 from nanoverl_core import ConfigError
 from nanoverl_core.config import Config, ModelConfig
+from nanoverl_core.workers import resolve_device  # noqa: F401  (re-exported: the fsdp worker imports it from here)
 
 log = logging.getLogger("nanoverl_hf")
 
@@ -65,16 +66,6 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
                           "`python -m nanoverl_hf.tiny --out DIR`)")
     has_weights = any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS)
     return ModelSource(path, has_weights=has_weights)
-
-
-def resolve_device(name: str) -> torch.device:
-    """`trainer.device`: "auto" is cuda when available, else cpu."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.device = {name!r} but no CUDA device is available; use auto or cpu")
-    return device
 
 
 def load_tokenizer(cfg: ModelConfig, source: ModelSource):
