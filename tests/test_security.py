@@ -85,10 +85,7 @@ SOURCE_TREES = {
     "nanoverl-fsdp": [ROOT / "plugins" / "nanoverl-fsdp" / "src"],
     "examples and scripts": [ROOT / "examples", ROOT / "scripts"],
 }
-KNOWN_GAPS = {
-    "nanoverl-fsdp": "torch.distributed.checkpoint.load reads the checkpoint's .metadata with plain pickle.load; "
-                     "resuming from a tampered fsdp checkpoint can run code (see docs/faults.md)",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("tree", [pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_GAPS[name], strict=True))

@@ -35,4 +35,6 @@ def test_torchrun_runs_the_nanoverl_train_console_script(tmp_path):
         timeout=120)
     metrics = read_metrics(out)
     assert list(metrics) == [1] and 0 <= metrics[1]["reward/mean"] <= 1
-    assert (out / "checkpoints" / "step_000001" / "actor" / ".metadata").is_file()
+    actor = out / "checkpoints" / "step_000001" / "actor"
+    assert {p.name for p in actor.glob("*_rank*")} == {"model_rank0.safetensors", "model_rank1.safetensors",
+                                                       "optimizer_rank0.pt", "optimizer_rank1.pt"}

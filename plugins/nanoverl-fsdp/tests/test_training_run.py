@@ -90,7 +90,7 @@ def test_killed_two_rank_run_resumes_from_its_checkpoint_and_finishes(runs):
     assert "resumed from" in runs["resumed"].stderr and "step_000002" in runs["resumed"].stderr
     assert [p.name for p in sorted((two / "checkpoints").iterdir())] == ["step_000002", "step_000004"]
     assert not list((two / "checkpoints").glob(".tmp-*"))
-    assert (two / "checkpoints" / "step_000004" / "actor" / ".metadata").is_file()
+    assert json.loads((two / "checkpoints" / "step_000004" / "actor" / "shards.json").read_text())["world_size"] == 2
     # rank 0 alone writes the run directory: one metrics line per step, one rollout file per step
     lines = [json.loads(line)["step"] for line in (two / "metrics.jsonl").read_text().splitlines()]
     assert lines == list(range(1, STEPS + 1))

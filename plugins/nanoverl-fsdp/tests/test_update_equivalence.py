@@ -8,6 +8,7 @@ one rank pad its share).
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -67,14 +68,35 @@ def test_exported_policy_loads_in_transformers_with_the_fsdp_logits(results):
     assert AutoTokenizer.from_pretrained(out).decode([5, 6]) == "23"
 
 
+def test_the_checkpoint_holds_only_safetensors_json_and_weights_only_tensors(results):
+    from safetensors.torch import load_file
+
+    _, _, tmp = results
+    files = {p.name: p for p in (tmp / "checkpoint" / "actor").iterdir() if p.is_file()}
+    assert set(files) == {"model_rank0.safetensors", "model_rank1.safetensors", "optimizer_rank0.pt",
+                          "optimizer_rank1.pt", "shards.json", "scheduler.json"}
+    for name, path in files.items():
+        if name.endswith(".pt"):
+            assert torch.load(path, weights_only=True)["state"]      # raises on anything but plain tensor data
+        elif name.endswith(".safetensors"):
+            assert load_file(path)
+        else:
+            json.loads(path.read_text())
+
+
 def test_without_torchrun_the_fsdp_worker_is_a_world_of_one_with_the_same_update(results, tiny_model):
     import torch.distributed as dist
 
-    hf, _, _ = results
+    from nanoverl_fsdp.workers import make_workers
+
+    hf, _, tmp = results
     try:
         torch.manual_seed(0)
         one = update_driver.run("fsdp", tiny_model)               # no torchrun: a process group of one
         assert dist.get_world_size() == 1
+        actor = make_workers(update_driver.make_config("fsdp", tiny_model)).actor
+        with pytest.raises(ValueError, match="saved by 2 ranks; resume it on 2 ranks, not 1"):
+            actor.load(tmp / "checkpoint" / "actor")               # shards resume on their own world size only
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

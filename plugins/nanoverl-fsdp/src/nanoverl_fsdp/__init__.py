@@ -2,7 +2,7 @@
 
 Registered name: worker `fsdp`. The PPO mechanics are the core's `TorchActor` / `TorchCritic`; this
 package adds what data parallelism changes: sharded modules, row sharding, cross-rank sums,
-sharded checkpoints (torch.distributed.checkpoint) and an export to a plain transformers folder
+sharded, pickle-free checkpoints (per-rank safetensors) and an export to a plain transformers folder
 (`python -m nanoverl_fsdp.export`). Modules import torch only when the worker is selected.
 """
 

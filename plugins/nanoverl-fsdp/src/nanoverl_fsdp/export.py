@@ -3,19 +3,25 @@
     python -m nanoverl_fsdp.export RUN_DIR                 # newest checkpoint -> RUN_DIR/final_model
     python -m nanoverl_fsdp.export CHECKPOINT OUT          # checkpoints/step_<N> -> OUT
 
-Runs in one ordinary process (no torchrun, no GPU): torch.distributed.checkpoint reads every rank's
-shards of the actor into the state dict of a model rebuilt from the checkpoint's `actor/hf/` config,
-which is then saved with its tokenizer. The result loads with `AutoModelForCausalLM.from_pretrained`.
+Runs in one ordinary process (no torchrun, no GPU): every rank's `model_rank<r>.safetensors` shards
+of the actor are joined along the dims `shards.json` names into the state dict of a model rebuilt from
+the checkpoint's `actor/hf/` config, which is then saved with its tokenizer. Nothing is unpickled.
+The result loads with `AutoModelForCausalLM.from_pretrained`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
 ACTOR_DIR, HF_FILES = "actor", "hf"
+MODEL_FILE = "model_rank{rank}.safetensors"
+"""Each rank's shards of the model, as workers.py saves them."""
+SHARDS = "shards.json"
+"""Written by rank 0: {"world_size": N, "model": {name: {"shape": [...], "shard_dim": int or null}}}."""
 
 
 class ExportError(Exception):
@@ -34,12 +40,25 @@ def find_checkpoint(path: Path) -> tuple[Path, Path]:
     return steps[-1], path / "final_model"
 
 
+def full_state_dict(actor: Path) -> dict:
+    """The whole state dict of a saved fsdp actor: each entry's rank shards concatenated in rank order."""
+    import torch
+    from safetensors.torch import load_file
+
+    shards = json.loads((actor / SHARDS).read_text())
+    ranks = [load_file(str(actor / MODEL_FILE.format(rank=r))) for r in range(shards["world_size"])]
+    state = {}
+    for name, entry in shards["model"].items():
+        dim = entry["shard_dim"]
+        state[name] = ranks[0][name] if dim is None else torch.cat([rank[name] for rank in ranks], dim)
+        if list(state[name].shape) != entry["shape"]:
+            raise ExportError(f"{actor}: the shards of {name} join to {list(state[name].shape)}, not {entry['shape']}")
+    return state
+
+
 def export(checkpoint: str | Path, out: str | Path | None = None) -> Path:
     """Write the policy of `checkpoint` (a checkpoint or run folder) to `out`; returns `out`."""
-    import warnings
-
     import torch
-    import torch.distributed.checkpoint as dcp
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     ckpt, default_out = find_checkpoint(Path(checkpoint))
@@ -47,11 +66,7 @@ def export(checkpoint: str | Path, out: str | Path | None = None) -> Path:
     hf = ckpt / ACTOR_DIR / HF_FILES
     config = AutoConfig.from_pretrained(hf)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
-    state = {"model": model.state_dict()}
-    with warnings.catch_warnings():                         # "no process group: loading in one process" is the plan
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(ckpt / ACTOR_DIR))   # reads every rank's shards
-    model.load_state_dict(state["model"])
+    model.load_state_dict(full_state_dict(ckpt / ACTOR_DIR))
     model.generation_config = GenerationConfig.from_pretrained(hf)
     model.config.use_cache = True                           # training turned the KV cache off; generation wants it
 

@@ -13,9 +13,10 @@ TorchActor / TorchCritic; the classes here override only what data parallelism c
   - clipping: `clip_grad_norm_` over the DTensor gradients returns the global norm (the core calls
     `full_tensor()`); a non-finite loss on any rank skips the step on every rank;
   - metrics: averaged over ranks (`actor/loss`, each rank's share of the total, is summed);
-  - checkpoints: torch.distributed.checkpoint, every rank writes its shards into the trainer's
-    temporary folder, plus (rank 0) the transformers config and tokenizer so that
-    `python -m nanoverl_fsdp.export` can rebuild a plain model from the folder alone.
+  - checkpoints: every rank writes its own shards into the trainer's temporary folder, as
+    safetensors (model) and a weights-only torch.save file (optimizer), nothing pickled; rank 0
+    adds shards.json (world size, each tensor's shape and sharded dim) and the transformers config
+    and tokenizer, so that `python -m nanoverl_fsdp.export` can rebuild a plain model from the folder.
 
 Mixed precision: parameters are stored (and optimised) in `model.dtype`; forward / backward run in
 `worker.param_dtype` and gradients are reduced in `worker.reduce_dtype` (FSDP2 MixedPrecisionPolicy).
@@ -30,11 +31,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from nanoverl_core import RLBatch, TorchActor, TorchCritic, Workers
 from nanoverl_core.algos import loss_totals
@@ -43,11 +45,46 @@ from nanoverl_hf.models import (DTYPES, build_value_model, eos_token_ids, load_p
                                 neutral_generation_config, resolve_device, resolve_source)
 
 from . import parallel
+from .export import MODEL_FILE, SHARDS
 
 log = logging.getLogger("nanoverl_fsdp")
 
 HF_FILES = "hf"
 """Sub-folder of a saved actor holding config.json, generation_config.json and the tokenizer."""
+OPTIMIZER_FILE = "optimizer_rank{rank}.pt"
+"""Each rank's optimizer state (its shards, numbers, strings), next to MODEL_FILE and (rank 0) SHARDS."""
+
+
+def _local(tree):
+    """`tree` (nested dicts / lists) with every tensor replaced by a CPU copy of this rank's shard."""
+    if isinstance(tree, dict):
+        return {k: _local(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_local(v) for v in tree)
+    if isinstance(tree, torch.Tensor):
+        return (tree.to_local() if isinstance(tree, DTensor) else tree).detach().to("cpu", copy=True)
+    return tree
+
+
+def _fill(into, saved, where: str = ""):
+    """Copy `saved` (as _local wrote it) into the same-shaped tree `into`: tensors in place (a DTensor
+    into its local shard), other values (learning rates, betas, ...) replaced. Returns the filled tree."""
+    if isinstance(into, dict):
+        if not isinstance(saved, dict) or into.keys() != saved.keys():
+            raise ValueError(f"checkpoint entry {where or '/'} does not match the model or optimizer")
+        return {k: _fill(into[k], saved[k], f"{where}/{k}") for k in into}
+    if isinstance(into, (list, tuple)):
+        if not isinstance(saved, (list, tuple)) or len(into) != len(saved):
+            raise ValueError(f"checkpoint entry {where} does not match the model or optimizer")
+        return type(into)(_fill(a, b, f"{where}/{i}") for i, (a, b) in enumerate(zip(into, saved)))
+    if isinstance(into, torch.Tensor):
+        local = into.to_local() if isinstance(into, DTensor) else into
+        if not isinstance(saved, torch.Tensor) or saved.shape != local.shape:
+            raise ValueError(f"checkpoint entry {where}: shape {getattr(saved, 'shape', None)}, "
+                             f"this rank's shard is {tuple(local.shape)}")
+        local.copy_(saved)
+        return into
+    return saved
 
 
 class _Sharded:
@@ -88,27 +125,43 @@ class _Sharded:
         rows, _ = parallel.my_rows(len(batch))
         return parallel.gather_rows(compute(batch.index(rows)), len(batch))
 
-    # ---- checkpoints: torch.distributed.checkpoint, called on every rank with the same path --------
+    # ---- checkpoints: called on every rank with the same path; nothing is pickled -----------------
+    # Each rank saves its own shards (DTensor.to_local()) and loads them back into the same DTensors,
+    # so a checkpoint resumes on the same number of ranks only. The trainer's barrier after save
+    # makes the folder complete before rank 0 renames it.
     def _state(self) -> dict:
         if self.optimizer is None:
             return {"model": get_model_state_dict(self.module)}
-        model, optimizer = get_state_dict(self.module, self.optimizer)
+        model, optimizer = get_state_dict(self.module, self.optimizer)   # creates Adam's state if still empty
         return {"model": model, "optimizer": optimizer}
 
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        dcp.save(self._state(), checkpoint_id=str(path))   # each rank writes its shards; rank 0 the metadata
-        if parallel.rank() == 0 and self.scheduler is not None:
-            (path / "scheduler.json").write_text(json.dumps(self.scheduler.state_dict()))
+        state, me = self._state(), parallel.rank()
+        save_file(_local(state["model"]), str(path / MODEL_FILE.format(rank=me)))
+        if "optimizer" in state:                            # plain tensors, numbers, strings: weights_only loads it
+            torch.save(_local(state["optimizer"]), path / OPTIMIZER_FILE.format(rank=me))
+        if me == 0:
+            model = {name: {"shape": list(value.shape), "shard_dim": _shard_dim(value)}
+                     for name, value in state["model"].items()}
+            (path / SHARDS).write_text(json.dumps({"world_size": parallel.world_size(), "model": model}))
+            if self.scheduler is not None:
+                (path / "scheduler.json").write_text(json.dumps(self.scheduler.state_dict()))
 
+    @torch.no_grad()
     def load(self, path: Path) -> None:
+        world, me = parallel.world_size(), parallel.rank()
+        saved_world = json.loads((path / SHARDS).read_text())["world_size"]
+        if saved_world != world:
+            raise ValueError(f"{path} was saved by {saved_world} ranks; resume it on {saved_world} ranks, not {world}")
         state = self._state()
-        dcp.load(state, checkpoint_id=str(path))           # in place, into this rank's shards
+        model = _fill(state["model"], load_file(str(path / MODEL_FILE.format(rank=me))), "model")
         if self.optimizer is None:
-            set_model_state_dict(self.module, state["model"])
+            set_model_state_dict(self.module, model)
         else:
-            set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
+            optimizer = torch.load(path / OPTIMIZER_FILE.format(rank=me), map_location="cpu", weights_only=True)
+            set_state_dict(self.module, self.optimizer, model_state_dict=model,
+                           optim_state_dict=_fill(state["optimizer"], optimizer, "optimizer"))
         if self.scheduler is not None:
             self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
 
@@ -155,6 +208,12 @@ class FSDPCritic(_Sharded, TorchCritic):
 
     def update(self, batch: RLBatch) -> dict[str, float]:
         return parallel.reduce_metrics(super().update(batch))
+
+
+def _shard_dim(value: torch.Tensor) -> int | None:
+    """The dim an entry is split along over the ranks (in rank order); None if every rank holds it whole."""
+    shards = [p.dim for p in value.placements if p.is_shard()] if isinstance(value, DTensor) else []
+    return shards[0] if shards else None
 
 
 def shard(module: torch.nn.Module, config: Config, device: torch.device) -> torch.nn.Module:
