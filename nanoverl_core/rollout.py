@@ -41,15 +41,18 @@ class Rollout(Protocol):
         """Make the next ``generate`` use the actor's current weights."""
 
 
-def responses_to_batch(responses: Sequence[Sequence[int]], *, eos_token_id: int | Sequence[int],
+def responses_to_batch(responses: Sequence[Sequence[int]] | torch.Tensor, *, eos_token_id: int | Sequence[int],
                        pad_token_id: int, max_new_tokens: int,
                        log_probs: Sequence[Sequence[float]] | None = None) -> RLBatch:
     """Right-pad generated token lists into ``responses`` / ``response_mask`` (B, R).
 
     Each list is cut after its first EOS (kept, and covered by the mask) and at ``max_new_tokens``.
     R is the longest kept response, so a batch that stopped early is not padded to the budget.
+    ``responses`` may also be a (B, R) tensor of generated ids (whatever follows an EOS is ignored).
     """
     eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    if isinstance(responses, torch.Tensor) and log_probs is None and responses.shape[1] > 0:
+        return _tensor_responses_to_batch(responses, eos, pad_token_id, max_new_tokens)
     kept: list[list[int]] = []
     for tokens in responses:
         tokens = list(tokens)[:max_new_tokens]
@@ -68,3 +71,15 @@ def responses_to_batch(responses: Sequence[Sequence[int]], *, eos_token_id: int 
             lp[row, : len(tokens)] = torch.tensor(list(values)[: len(tokens)], dtype=torch.float32)
         out["rollout_log_probs"] = lp
     return out
+
+
+def _tensor_responses_to_batch(responses: torch.Tensor, eos: set[int], pad_token_id: int,
+                               max_new_tokens: int) -> RLBatch:
+    """responses_to_batch for a (B, R) tensor of generated ids, without a Python loop over rows."""
+    ids = responses[:, :max_new_tokens].cpu()
+    is_eos = torch.isin(ids, torch.tensor(sorted(eos), dtype=ids.dtype))
+    lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, ids.shape[1])   # (B,) up to the first EOS
+    width = max(1, int(lengths.max()))
+    mask = torch.arange(width) < lengths[:, None]                                          # (B, width)
+    ids = torch.where(mask, ids[:, :width], torch.full_like(ids[:, :width], pad_token_id))
+    return RLBatch({"responses": ids.long(), "response_mask": mask.float()})

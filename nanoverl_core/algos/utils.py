@@ -54,30 +54,41 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
     return whitened if shift_mean else whitened + mean
 
 
+CHUNK_ELEMENTS = 1 << 24
+"""Logits (16M, 64 MiB in float32) that logprobs_from_logits / entropy_from_logits take at a time."""
+
+
+def _row_chunks(logits: torch.Tensor) -> range:
+    """Starts of the row chunks: as many rows as fit CHUNK_ELEMENTS, at least one."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, logits[0].numel())) if len(logits) else 1
+    return range(0, logits.shape[0], rows)
+
+
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[label] per position.
 
     logits: (B, R, V) any float dtype; labels: (B, R) int64 token ids.
-    Returns (B, R) float32. Computed one row at a time in float32 as logit[label] - logsumexp(row),
-    so the peak extra memory is one row's (R, V) in float32, not a full (B, R, V) log-softmax copy.
+    Returns (B, R) float32. Computed in float32 as logit[label] - logsumexp(row) over chunks of rows
+    holding at most CHUNK_ELEMENTS logits, so the peak extra memory is one chunk, not a full
+    (B, R, V) log-softmax copy, and a small batch is one chunk (no Python loop over rows).
     Differentiable with respect to logits.
     """
-    out = []
-    for row_logits, row_labels in zip(logits, labels):  # (R, V), (R,)
-        row = row_logits.float()
-        picked = row.gather(-1, row_labels.unsqueeze(-1)).squeeze(-1)  # (R,)
-        out.append(picked - torch.logsumexp(row, dim=-1))
-    return torch.stack(out) if out else logits.new_zeros(labels.shape, dtype=torch.float32)
+    out, chunks = [], _row_chunks(logits)
+    for start in chunks:
+        chunk = logits[start:start + chunks.step].float()                                     # (b, R, V)
+        picked = chunk.gather(-1, labels[start:start + chunks.step].unsqueeze(-1)).squeeze(-1)  # (b, R)
+        out.append(picked - torch.logsumexp(chunk, dim=-1))
+    return torch.cat(out) if out else logits.new_zeros(labels.shape, dtype=torch.float32)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) per position: logsumexp(z) - sum(softmax(z) * z).
 
-    logits: (B, R, V). Returns (B, R) float32, one row at a time (see logprobs_from_logits).
+    logits: (B, R, V). Returns (B, R) float32, in chunks of rows (see logprobs_from_logits).
     Differentiable with respect to logits.
     """
-    out = []
-    for row_logits in logits:  # (R, V)
-        row = row_logits.float()
-        out.append(torch.logsumexp(row, dim=-1) - (torch.softmax(row, dim=-1) * row).sum(-1))
-    return torch.stack(out) if out else logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+    out, chunks = [], _row_chunks(logits)
+    for start in chunks:
+        chunk = logits[start:start + chunks.step].float()                                     # (b, R, V)
+        out.append(torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1))
+    return torch.cat(out) if out else logits.new_zeros(logits.shape[:-1], dtype=torch.float32)

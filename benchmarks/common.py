@@ -1,0 +1,187 @@
+"""Shared pieces of the benchmark scripts: model folders, data, nanoverl configs, machine facts.
+
+Every benchmark builds its models locally (no downloads) into a temporary folder:
+
+  tiny   the model of examples/tiny_task: Llama, hidden 64, 2 layers, 4 heads, vocabulary of 14
+         characters (digits, "=", <pad>/<bos>/<eos>), tied embeddings: 83,136 parameters.
+  10m    Llama, hidden 256, 8 layers, 8 heads (head_dim 32), intermediate 1024, tied embeddings, and
+         a character vocabulary of 4,014 (digits, "=", 4,000 CJK characters, 3 specials): 9,420,544
+         parameters, 89% of them in the decoder blocks. A random policy almost never samples EOS
+         (1 in 4,014), so every response runs to max_new_tokens and two contenders do exactly the
+         same work.
+  10m-v32k
+         the shape of the small real LMs (TinyStories-like): Llama, hidden 256, 2 layers, 8 heads,
+         intermediate 1024 and a 32,014-token vocabulary (32,000 CJK / Hangul characters): 10,294,016
+         parameters, 80% of them in the tied embedding. The LM head and the sampling over the
+         vocabulary dominate, as they do for real tokenizers (32k-150k tokens).
+
+Weights are drawn once from seed 0 and saved as safetensors, so every contender loads the same files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_DATA = ROOT / "examples/data/tiny_copy/train.jsonl"
+
+MODELS: dict[str, dict[str, Any]] = {   # build_tiny_model arguments
+    "tiny": {"alphabet": "0123456789=", "hidden": 64, "layers": 2, "heads": 4, "intermediate": 128},
+    "10m": {"alphabet": "0123456789=" + "".join(chr(0x4E00 + i) for i in range(4000)), "hidden": 256,
+            "layers": 8, "heads": 8, "intermediate": 1024},
+    "10m-v32k": {"alphabet": "0123456789=" + "".join(chr(0x4E00 + i) for i in range(32000)), "hidden": 256,
+                 "layers": 2, "heads": 8, "intermediate": 1024},
+}
+
+
+def load_average() -> str:
+    """`uptime`'s load averages (1, 5, 15 min), the figure to read every timing against."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def machine() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    return {"load": load_average(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version()}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def build_model(name: str, out: Path, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write `out`: config.json, tokenizer files and safetensors weights drawn from `seed`."""
+    import torch
+    from nanoverl_hf.tiny import build_tiny_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = MODELS[name]
+    build_tiny_model(out, alphabet=spec["alphabet"], hidden=spec["hidden"], layers=spec["layers"],
+                     heads=spec["heads"], intermediate=spec["intermediate"], max_positions=512)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=getattr(torch, dtype))
+    model.save_pretrained(out)
+    return out
+
+
+def num_parameters(folder: Path) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    return sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).parameters())
+
+
+def nanoverl_config(model: Path | None, out: Path, *, batch: int, n: int, max_new_tokens: int,
+                    lr: float = 1e-6, extra: list[str] | None = None, base: str = "examples/configs/tiny_grpo.toml",
+                    data: Path = TINY_DATA):
+    """A nanoverl Config for one benchmark workload: `base` plus overrides that switch off everything
+    that is not the RL step (validation, checkpoints, rollout dumps, trackers, progress output)."""
+    from nanoverl_core import load_config
+
+    overrides = [f"trainer.output_dir={out}", "trainer.total_steps=1000", "trainer.val_every=0",
+                 "trainer.save_every=0", "trainer.rollout_samples=0", "trainer.progress=none",
+                 "trainer.num_threads=1", "tracking.trackers=[]", f"data.batch_size={batch}",
+                 f"rollout.n={n}", f"rollout.max_new_tokens={max_new_tokens}", f"actor.lr={lr}",
+                 "actor.entropy_coeff=0", f"data.train_files=[{data}]", "data.val_files=[]"]
+    if model is not None:
+        overrides.append(f"model.path={model}")
+    return load_config(str(ROOT / base), overrides=overrides + list(extra or []))
+
+
+def nanoverl_trainer(config):
+    from nanoverl_core import load_registry
+    from nanoverl_core.trainer.trainer import Trainer
+
+    return Trainer(config, load_registry())
+
+
+def nanoverl_step(trainer) -> dict[str, float]:
+    """One step exactly as Trainer.fit runs it (train_step, then the trackers), without validation
+    or checkpoints (both off in these configs anyway)."""
+    trainer.step += 1
+    metrics = trainer.train_step()
+    trainer._log(metrics, trainer.step)
+    return metrics
+
+
+def run_json_subprocess(argv: list[str], env: dict[str, str] | None = None, timeout: float = 1800) -> dict:
+    """Run `python argv...` in a fresh process (its own peak memory) and parse its last stdout line."""
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def tmpdir(prefix: str) -> Path:
+    """A fresh temporary folder, removed when the process exits."""
+    path = Path(tempfile.mkdtemp(prefix=f"nanoverl-bench-{prefix}-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+# Per-model default workload: prompts per step, samples per prompt, max new tokens. The tiny one is
+# examples/configs/tiny_grpo.toml as shipped; the 10M ones sample longer responses.
+WORKLOADS: dict[str, dict[str, int]] = {
+    "tiny": {"batch": 16, "n": 8, "max_new_tokens": 6},
+    "10m": {"batch": 8, "n": 8, "max_new_tokens": 16},
+    "10m-v32k": {"batch": 8, "n": 8, "max_new_tokens": 16},
+}
+
+
+def workload(model: str, args) -> dict[str, int]:
+    """The model's default workload, with any of --batch / --n / --max-new-tokens given on the command line."""
+    chosen = dict(WORKLOADS[model])
+    for key in chosen:
+        if getattr(args, key, None) is not None:
+            chosen[key] = getattr(args, key)
+    return chosen
+
+
+def now() -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds). On a machine shared with other jobs the CPU time of
+    a one-thread run is what a step costs; the wall time also counts the time others held the cores."""
+    return time.perf_counter(), time.process_time()
+
+
+def since(start: tuple[float, float]) -> tuple[float, float]:
+    wall, cpu = now()
+    return wall - start[0], cpu - start[1]
+
+
+def summary(a: list[tuple[float, float]], b: list[tuple[float, float]], warmup: int, names: tuple[str, str]) -> dict:
+    """Medians of two contenders' (wall, cpu) step times after warm-up, and the ratios a / b."""
+    out = {}
+    for i, kind in enumerate(("wall", "cpu")):
+        ma, mb = median([t[i] for t in a[warmup:]]), median([t[i] for t in b[warmup:]])
+        out[f"{names[0]}_{kind}_s_per_step"] = round(ma, 4)
+        out[f"{names[1]}_{kind}_s_per_step"] = round(mb, 4)
+        out[f"ratio_{kind}_{names[0]}_over_{names[1]}"] = round(ma / mb, 3)
+    return out

@@ -1,0 +1,152 @@
+"""Where a nanoverl step goes: seconds per stage, tokens/s and peak memory, per workload.
+
+    .venv/bin/python benchmarks/step_breakdown.py                   # default set, ~5 min on 2 busy cores
+    .venv/bin/python benchmarks/step_breakdown.py --workloads hf-10m --sweep-model 10m \\
+        --sweep-batch 4 16 --sweep-n 4 16 --sweep-len 32 64        # bigger sweeps
+    .venv/bin/python benchmarks/step_breakdown.py --no-sweep --device cuda --threads 0
+
+Each workload runs in a fresh subprocess (so its peak memory is its own) through the real trainer:
+`Trainer(load_config(base, overrides), load_registry())`, `--warmup` steps, then `--steps` measured
+steps, exactly as `Trainer.fit` runs them (validation, checkpoints, rollout dumps and trackers off).
+One JSON object per workload is printed as it finishes:
+
+  stage_s            median of the trainer's own `timing/<stage>` metrics: data, rollout, reward,
+                     old_log_probs, ref_log_probs, values, advantages, critic_update, actor_update,
+                     weight_sync, step (a stage the workload does not run is absent)
+  step_cpu_s         median CPU seconds of the process per step (robust to other jobs' load)
+  generated_tokens_per_s   response tokens / rollout seconds
+  trained_tokens_per_s     (prompt + response) tokens / actor_update seconds
+  tokens_per_s       the trainer's throughput/tokens_per_s (prompt + response tokens / step seconds)
+  peak_rss_mb        peak resident memory of the process (ru_maxrss); on CUDA also
+                     peak_cuda_allocated_mb (torch.cuda.max_memory_allocated)
+
+Workloads (models in benchmarks/common.py):
+  debug        the core's debug backends, PPO with a critic (examples/configs/debug_ppo.toml)
+  hf-tiny      the hf worker / rollout, GRPO, the ~83k-parameter tiny model (tiny_grpo.toml)
+  hf-tiny-ppo  the same with a critic (GAE), a reference policy and a KL loss: every stage runs
+  hf-10m       GRPO on the ~9.4M-parameter Llama
+  hf-10m-v32k  GRPO on the ~10.3M-parameter Llama with a 32k vocabulary (--full or --workloads)
+The sweep varies prompts per step, samples per prompt and response length one at a time around the
+`--sweep-model`'s default workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (MODELS, ROOT, WORKLOADS, build_model, machine, median, nanoverl_config,  # noqa: E402
+                    nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb, run_json_subprocess,
+                    since, tmpdir)
+
+STAGES = ("data", "rollout", "reward", "old_log_probs", "ref_log_probs", "values", "advantages",
+          "critic_update", "actor_update", "weight_sync", "step")
+PPO = ["algorithm.advantage_estimator=gae", "critic.enable=true", "critic.lr=1e-5", "reference.enable=true",
+       "actor.use_kl_loss=true"]
+WORKLOAD_SPECS = {
+    "debug": {"backend": "debug", "model": None, "extra": [], "batch": 16, "n": 8, "max_new_tokens": 4},
+    "hf-tiny": {"backend": "hf", "model": "tiny", "extra": [], **WORKLOADS["tiny"]},
+    "hf-tiny-ppo": {"backend": "hf", "model": "tiny", "extra": PPO, **WORKLOADS["tiny"]},
+    "hf-10m": {"backend": "hf", "model": "10m", "extra": [], **WORKLOADS["10m"]},
+    "hf-10m-v32k": {"backend": "hf", "model": "10m-v32k", "extra": [], **WORKLOADS["10m-v32k"]},
+}
+
+
+def run_one(spec: dict) -> dict:
+    """Child process: build the model, run the trainer, return the workload's figures."""
+    import torch
+
+    work = tmpdir(f"breakdown-{spec['name']}")
+    extra = [*spec["extra"], f"trainer.device={spec['device']}", f"trainer.num_threads={spec['threads']}"]
+    if spec["backend"] == "debug":
+        config = nanoverl_config(None, work / "run", batch=spec["batch"], n=spec["n"],
+                                 max_new_tokens=spec["max_new_tokens"], extra=extra,
+                                 base="examples/configs/debug_ppo.toml",
+                                 data=ROOT / "examples/data/debug_copy/train.jsonl")
+        params = None
+    else:
+        model_dir = build_model(spec["model"], work / "model")
+        params = num_parameters(model_dir)
+        config = nanoverl_config(model_dir, work / "run", batch=spec["batch"], n=spec["n"],
+                                 max_new_tokens=spec["max_new_tokens"], extra=extra)
+    trainer = nanoverl_trainer(config)
+    cuda = trainer.workers.actor.device.type == "cuda"
+    rows, cpu = [], []
+    for _ in range(spec["warmup"] + spec["steps"]):
+        start = now()
+        rows.append(nanoverl_step(trainer))
+        cpu.append(since(start)[1])
+    rows, cpu = rows[spec["warmup"]:], cpu[spec["warmup"]:]
+
+    stage = {s: round(median([r[f"timing/{s}"] for r in rows]), 4) for s in STAGES if f"timing/{s}" in rows[0]}
+    samples = spec["batch"] * spec["n"]
+    response = median([r["rollout/response_length/mean"] for r in rows]) * samples
+    prompt = median([r["rollout/prompt_length/mean"] for r in rows]) * samples
+    out = {
+        "benchmark": "step_breakdown", "workload": spec["name"], "backend": spec["backend"],
+        "model": spec["model"], "parameters": params, "algorithm": config.algorithm.advantage_estimator,
+        "critic": config.critic.enable, "reference": config.reference.enable,
+        "batch_prompts": spec["batch"], "n": spec["n"], "max_new_tokens": spec["max_new_tokens"],
+        "device": str(trainer.workers.actor.device), "threads": torch.get_num_threads(),
+        "steps_measured": spec["steps"], "warmup": spec["warmup"],
+        "stage_s": stage, "step_cpu_s": round(median(cpu), 4),
+        "response_length_mean": round(response / samples, 2),
+        "generated_tokens_per_s": round(response / stage["rollout"], 1),
+        "trained_tokens_per_s": round((prompt + response) / stage["actor_update"], 1),
+        "tokens_per_s": round(median([r["throughput/tokens_per_s"] for r in rows]), 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+    if cuda:
+        out["peak_cuda_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    out["machine"] = machine()
+    return out
+
+
+def plan(args) -> list[dict]:
+    """The workloads to run: the named ones, then the sweep around --sweep-model's default."""
+    common = {"steps": args.steps, "warmup": args.warmup, "device": args.device, "threads": args.threads}
+    specs = [{"name": name, **WORKLOAD_SPECS[name], **common} for name in args.workloads]
+    if not args.no_sweep:
+        base = {"name": f"hf-{args.sweep_model}", **WORKLOAD_SPECS[f"hf-{args.sweep_model}"], **common}
+        for key, values in (("batch", args.sweep_batch), ("n", args.sweep_n), ("max_new_tokens", args.sweep_len)):
+            for value in values:
+                if value != base[key]:
+                    specs.append({**base, key: value, "name": f"{base['name']} {key}={value}"})
+    return specs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=["debug", "hf-tiny", "hf-tiny-ppo", "hf-10m"],
+                        choices=list(WORKLOAD_SPECS))
+    parser.add_argument("--full", action="store_true",
+                        help="add hf-10m-v32k and sweep the 10m model too (tens of minutes on a small CPU)")
+    parser.add_argument("--sweep-model", default="tiny", choices=[m for m in MODELS])
+    parser.add_argument("--sweep-batch", nargs="*", type=int, default=[4, 64], help="prompts per step")
+    parser.add_argument("--sweep-n", nargs="*", type=int, default=[2, 32], help="samples per prompt")
+    parser.add_argument("--sweep-len", nargs="*", type=int, default=[16, 64], help="max new tokens")
+    parser.add_argument("--no-sweep", action="store_true")
+    parser.add_argument("--steps", type=int, default=4, help="measured steps per workload")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="trainer.device (cpu, cuda, auto)")
+    parser.add_argument("--threads", type=int, default=1, help="trainer.num_threads (0: torch's default)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: run one workload spec (JSON) here
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_one(json.loads(args.one))), flush=True)
+        return
+    specs = plan(args)
+    if args.full:
+        extra = argparse.Namespace(**{**vars(args), "full": False, "sweep_model": "10m", "workloads": ["hf-10m-v32k"]})
+        specs += plan(extra)
+    for spec in specs:
+        print(json.dumps(run_json_subprocess([__file__, "--one", json.dumps(spec)])), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The benchmark scripts run end to end on CPU and print the JSON they promise (a minute or two).
+
+    .venv/bin/python -m pytest -q benchmarks/test_benchmarks.py
+
+Timings are not asserted (they depend on the machine); shapes, keys and the memory figure are.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(script: str, *args: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True,
+                          timeout=600, cwd=HERE.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_gpu_check_smoke_runs_both_paths_on_cpu():
+    *paths, final = run("gpu_check.py", "--smoke")
+    assert final["gpu_check"] == "ok" and final["full_shape_parameters"] == 494_032_768   # Qwen2.5-0.5B's shape
+    assert [p["path"] for p in paths] == ["hf", "fsdp"]
+    for result in paths:
+        if "skipped" in result:
+            continue
+        assert result["stages"]["rollout"]["tokens_per_s"] > 0 and "mfu" in result["stages"]["actor_update"]
+        assert result["response_length_mean"] == 8.0                                # random policy: no early EOS
+
+
+def test_step_breakdown_reports_every_stage_of_ppo_with_critic_and_reference():
+    (row,) = run("step_breakdown.py", "--workloads", "hf-tiny-ppo", "--no-sweep", "--steps", "1", "--warmup", "0")
+    assert set(row["stage_s"]) >= {"rollout", "reward", "old_log_probs", "ref_log_probs", "values", "advantages",
+                                   "critic_update", "actor_update", "weight_sync", "step"}
+    assert row["generated_tokens_per_s"] > 0 and row["trained_tokens_per_s"] > 0 and row["peak_rss_mb"] > 0
+
+
+def test_vs_bare_runs_both_contenders():
+    (row,) = run("vs_bare.py", "--models", "tiny", "--steps", "1", "--warmup", "0")
+    assert row["nanoverl_cpu_s_per_step"] > 0 and row["bare_cpu_s_per_step"] > 0
+    assert row["ratio_cpu_nanoverl_over_bare"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed "
+                    "(pip install -r benchmarks/requirements.txt)")
+def test_vs_trl_runs_both_contenders():
+    (row,) = run("vs_trl.py", "--models", "tiny", "--steps", "1", "--warmup", "0")
+    assert row["trl_cpu_s_per_step"] > 0 and row["nanoverl_cpu_s_per_step"] > 0
+    assert len(row["trl_wall_s_all"]) == len(row["nanoverl_wall_s_all"]) == 1
+
+
+def test_memory_stays_flat_with_micro_batches():
+    *rows, summary = run("memory_flat.py", "--model", "tiny", "--batches", "2", "8", "--micro", "8",
+                         "--steps", "1", "--no-contrast")
+    assert [r["rows"] for r in rows] == [16, 64]
+    assert summary["micro_8"]["step_peak_growth"] <= 1.10 and summary["flat"]
