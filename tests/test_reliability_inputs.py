@@ -262,4 +262,4 @@ def test_cuda_asked_for_on_a_machine_without_it(tmp_path):
 @pytest.mark.hf
 def test_hf_worker_asked_for_cuda_on_a_machine_without_it(tmp_path):
     assert_user_error(train(TINY, *FAST, "trainer.device=cuda", run_dir=tmp_path / "run"),
-                      "trainer.device = 'cuda'", "no CUDA device is available")
+                      "trainer.device = 'cuda'", "no such CUDA device is available")
