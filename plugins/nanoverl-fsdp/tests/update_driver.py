@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from nanoverl_core import RLBatch, load_config
+from nanoverl_core.trainer.dist import close_distributed
 
 ROWS_PER_PROMPT = 4
 OVERRIDES = [
@@ -111,9 +112,12 @@ def main() -> None:
     parser.add_argument("--ckpt", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    out = run(args.worker, args.model, args.ckpt)
-    if int(os.environ.get("RANK", "0")) == 0:
-        torch.save(out, args.out)
+    try:
+        out = run(args.worker, args.model, args.ckpt)
+        if int(os.environ.get("RANK", "0")) == 0:
+            torch.save(out, args.out)
+    finally:
+        close_distributed()  # a process group left alive at exit can abort in gloo's threads
 
 
 if __name__ == "__main__":
