@@ -24,7 +24,6 @@ Mixed precision: parameters are stored (and optimised) in `model.dtype`; forward
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections.abc import Iterator
@@ -41,8 +40,8 @@ from torch.distributed.tensor import DTensor
 from nanoverl_core import RLBatch, TorchActor, TorchCritic, Workers
 from nanoverl_core.algos import loss_totals
 from nanoverl_core.config import Config
-from nanoverl_hf.models import (DTYPES, build_value_model, eos_token_ids, load_policy, load_tokenizer,
-                                neutral_generation_config, resolve_device, resolve_source)
+from nanoverl_core.workers import resolve_device
+from nanoverl_hf.models import DTYPES, build_modules, resolve_source
 
 from . import parallel
 from .export import MODEL_FILE, SHARDS
@@ -241,19 +240,8 @@ def make_workers(config: Config) -> Workers:
     parallel.init_process_group(device.type)
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())   # cuda:LOCAL_RANK under torchrun
-    tokenizer = load_tokenizer(config.model, source)
-
     # Every rank builds the same full model (same files, same seed), then keeps only its shards.
-    policy = load_policy(config, source)
-    policy.generation_config = neutral_generation_config(policy, tokenizer, eos_token_ids(policy, tokenizer))
-    reference = copy.deepcopy(policy).eval() if config.reference.enable else None
-    critic = build_value_model(policy, config) if config.critic.enable else None
-    if config.model.gradient_checkpointing:
-        for module in (policy, critic):
-            if module is not None:
-                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if reference is not None:
-        reference.requires_grad_(False)
+    tokenizer, policy, reference, critic = build_modules(config, source)
     log.info("fsdp: %d ranks, device %s, param_dtype %s, reduce_dtype %s", parallel.world_size(), device,
              config.worker.param_dtype, config.worker.reduce_dtype)
 

@@ -23,7 +23,6 @@ import torch
 
 from nanoverl_core import ConfigError
 from nanoverl_core.config import Config, ModelConfig
-from nanoverl_core.workers import resolve_device  # noqa: F401  (re-exported: the fsdp worker imports it from here)
 
 log = logging.getLogger("nanoverl_hf")
 
@@ -188,3 +187,24 @@ def eos_token_ids(model, tokenizer) -> list[int]:
         if value not in ids:
             ids.append(value)
     return ids
+
+
+def build_modules(config: Config, source: ModelSource):
+    """Tokenizer, policy, reference (a frozen copy, or None) and value model (or None), on the CPU.
+
+    The reference is copied before any update, so it starts from the policy's weights; the hf and
+    fsdp workers both build their modules here and differ only in where they put them.
+    """
+    tokenizer = load_tokenizer(config.model, source)
+    policy = load_policy(config, source)
+    policy.generation_config = neutral_generation_config(policy, tokenizer, eos_token_ids(policy, tokenizer))
+    if len(tokenizer) > policy.config.vocab_size:
+        log.warning("the tokenizer has %d tokens but the model's vocab_size is %d", len(tokenizer),
+                    policy.config.vocab_size)
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if config.reference.enable else None
+    critic = build_value_model(policy, config) if config.critic.enable else None
+    if config.model.gradient_checkpointing:
+        for module in (policy, critic):
+            if module is not None:
+                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return tokenizer, policy, reference, critic
