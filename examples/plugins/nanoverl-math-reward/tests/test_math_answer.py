@@ -1,10 +1,8 @@
 """`math_answer` on hand-written responses and on real GSM8K rows.
 
-The GSM8K rows come from <repo>/../shared/data/gsm8k/test.parquet (override with GSM8K_DIR); the
-tests that need them are skipped, saying so, when the file is absent.
+The GSM8K rows come from the copy shipped in the repository, <repo>/examples/data/gsm8k/test.parquet.
 """
 
-import os
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -20,7 +18,7 @@ from nanoverl_math_reward import plugin
 from nanoverl_math_reward.rewards import math_answer, math_answer_strict, parse_number
 
 REPO = Path(__file__).resolve().parents[4]
-GSM8K = Path(os.environ.get("GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k")) / "test.parquet"
+GSM8K = REPO / "examples" / "data" / "gsm8k" / "test.parquet"
 ROW = {"reward_model": {"ground_truth": "1600"}}
 
 
@@ -30,14 +28,16 @@ def score(response, sample=ROW, fn=math_answer):
 
 @pytest.mark.parametrize("text, value", [("1,600", 1600), ("$1600", 1600), ("1600.00", 1600), ("1600.", 1600),
                                          ("-3.5 apples", -3.5), ("\\frac{3}{4}", 0.75), ("\\$1,450,000", 1450000),
-                                         ("3, 4", 3), ("none", None)])
+                                         ("3, 4", 3), ("3,4", 3), ("2(3)", 2), ("-\\frac{1}{2}", -0.5),
+                                         ("none", None)])
 def test_numbers_compare_as_values(text, value):
     assert parse_number(text) == value
 
 
 @pytest.mark.parametrize("response", ["so she pays 16 * 100 = 1600\n#### 1,600", "#### $1600.00",
                                       "The answer is \\boxed{1600}.", "\\boxed{\\$1,600}", "#### 1600\n(the end)",
-                                      "first \\boxed{7}, on second thought #### 1600"])
+                                      "first \\boxed{7}, on second thought #### 1600",
+                                      "#### 1600 (not \\boxed{16})", "\\boxed{1600 \\text{ dollars}}"])
 def test_a_correct_formatted_answer_scores_one(response):
     assert score(response) == {"score": 1.0, "format_ok": 1.0, "answer_found": 1.0}
 
@@ -48,8 +48,8 @@ def test_a_correct_unformatted_answer_pays_the_format_penalty():
 
 
 @pytest.mark.parametrize("response, found", [("#### 1601", 1.0), ("\\boxed{160}", 1.0),
-                                             ("#### 1600 is wrong, \\boxed{16}", 1.0), ("it is 1500", 1.0),
-                                             ("I do not know", 0.0), ("\\boxed{16", 1.0)])
+                                             ("#### 16, \\boxed{1600}", 1.0), ("it is 1500", 1.0),
+                                             ("I do not know", 0.0), ("\\boxed{16", 1.0), ("#### sixteen", 0.0)])
 def test_a_wrong_or_missing_answer_scores_zero(response, found):
     out = score(response)
     assert out["score"] == 0.0 and out["answer_found"] == found
@@ -59,6 +59,7 @@ def test_math_style_answers_compare_as_text_when_the_truth_is_not_a_number():
     row = {"ground_truth": "\\frac{\\sqrt{3}}{2}"}
     assert score("so \\boxed{\\dfrac{\\sqrt{3}}{2}}", row)["score"] == 1.0
     assert score("so \\boxed{\\sqrt{3}}", row)["score"] == 0.0
+    assert score("#### \\sqrt{2}\n(the rest of that line only)", {"ground_truth": "\\sqrt{2}"})["score"] == 1.0
     assert score("\\boxed{\\frac{1}{2}}", {"ground_truth": "0.5"})["score"] == 1.0
 
 
@@ -79,9 +80,7 @@ def test_plugin_registers_both_names_lazily():
 
 @pytest.fixture(scope="module")
 def gsm8k_rows() -> list[dict]:
-    if not GSM8K.is_file():
-        pytest.skip(f"GSM8K data not found at {GSM8K}; set GSM8K_DIR to the folder holding test.parquet")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow.parquet as pq
     return pq.read_table(GSM8K, columns=["prompt", "reward_model", "extra_info"]).to_pylist()
 
 

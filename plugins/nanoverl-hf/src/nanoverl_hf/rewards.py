@@ -18,7 +18,7 @@ from typing import Any
 
 from nanoverl_core.errors import RewardError
 
-_NUMBER = re.compile(r"-?\$?\s?\d[\d,]*(?:\.\d+)?")
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")  # a sign touches its digits: "- 5" (a bullet) is 5
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 

@@ -1,0 +1,151 @@
+"""The arithmetic task: the generator's counts, split and determinism, and the reward on written responses.
+
+    pytest examples/arithmetic
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parents[0] / "data" / "arithmetic"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"arithmetic_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_data, reward = _load("make_data"), _load("reward")
+arithmetic = reward.arithmetic
+
+
+def read(name: str) -> list[dict]:
+    return [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+
+
+def triple(row: dict) -> tuple[int, str, int]:
+    x = row["extra_info"]
+    return x["a"], x["op"], x["b"]
+
+
+def test_counts_and_balance():
+    train, val = read("train.jsonl"), read("val.jsonl")
+    assert (len(train), len(val)) == (236, 64)
+    assert Counter(triple(r)[1] for r in val) == {"+": 22, "-": 21, "*": 21}
+    assert Counter(triple(r)[1] for r in train) == {"+": 78, "-": 79, "*": 79}
+
+
+def test_the_split_covers_all_300_problems_once_and_is_disjoint():
+    train, val = {triple(r) for r in read("train.jsonl")}, {triple(r) for r in read("val.jsonl")}
+    assert len(train) == 236 and len(val) == 64 and not train & val
+    assert train | val == {(a, op, b) for a in range(10) for op in "+-*" for b in range(10)}
+
+
+def test_rows_are_chat_format_with_the_right_answer():
+    rows = read("train.jsonl") + read("val.jsonl")
+    results = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__}
+    names = {"+": "arithmetic_add", "-": "arithmetic_sub", "*": "arithmetic_mul"}
+    for row in rows:
+        a, op, b = triple(row)
+        assert row == {"data_source": names[op],
+                       "prompt": [{"role": "user", "content": f"What is {a} {op} {b}?"}],
+                       "reward_model": {"ground_truth": str(results[op](a, b))},
+                       "extra_info": {"a": a, "b": b, "op": op}}
+    assert make_data.make_row(3, "+", 4)["reward_model"] == {"ground_truth": "7"}
+    assert make_data.make_row(0, "-", 9)["reward_model"] == {"ground_truth": "-9"}
+    assert make_data.make_row(9, "*", 9)["reward_model"] == {"ground_truth": "81"}
+
+
+def test_the_generator_reproduces_the_committed_files_byte_for_byte(tmp_path):
+    assert make_data.files() == make_data.files()
+    for name, text in make_data.files().items():
+        assert (DATA / name).read_bytes() == text.encode(), name
+    assert make_data.main(["--check"]) == 0
+    assert make_data.main(["--out", str(tmp_path)]) == 0
+    assert all((tmp_path / n).read_bytes() == (DATA / n).read_bytes() for n in ("train.jsonl", "val.jsonl"))
+    (tmp_path / "val.jsonl").write_text("")
+    assert make_data.main(["--check", "--out", str(tmp_path)]) == 1
+    assert make_data.files(seed=1) != make_data.files()  # the seed matters: it is the split
+
+
+def truth(value: str) -> dict:
+    return {"reward_model": {"ground_truth": value}}
+
+
+@pytest.mark.parametrize("response, gt, score", [
+    ("The answer is 12.", "12", 1.0),            # a full stop is not a decimal point
+    ("12", "12", 1.0),
+    ("3 - 5 = -2", "-2", 1.0),
+    ("3 - 5 = -2", "2", 0.0),
+    ("=-2", "-2", 1.0),
+    ("\u22122", "-2", 1.0),                       # the Unicode minus
+    ("9-3", "-3", 0.0),                           # a minus right after a digit is a subtraction
+    ("9-3", "3", 1.0),
+    ("- 2", "-2", 0.0),                           # a minus with a space after it is not a sign
+    ("no number", "0", 0.0),
+    ("", "0", 0.0),
+    ("7 then 8", "8", 1.0),                       # only the last integer counts
+    ("7 then 8", "7", 0.0),
+    ("1,000", "1000", 1.0),                       # a comma before exactly three digits groups thousands
+    ("1,000", "0", 0.0),                          # ... so "1,000" does not answer "What is 0 * 7?"
+    ("7,8", "8", 1.0),                            # otherwise a comma separates numbers
+    ("3.5", "5", 0.0),                            # a decimal is not an integer
+    ("7.0", "7", 1.0),
+    ("So 9 * 9 = 81", "81", 1.0),
+    ("What is 3 + 4? 7", "7", 1.0),
+    ("7 apples", "7", 1.0),
+    ("The answer is 0", "0", 1.0),
+])
+def test_reward_on_written_responses(response, gt, score):
+    assert arithmetic("", response, truth(gt)) == score
+
+
+def test_the_generated_rows_score_their_own_answer():
+    for row in read("train.jsonl") + read("val.jsonl"):
+        answer = row["reward_model"]["ground_truth"]
+        assert arithmetic(row["prompt"][0]["content"], f"The answer is {answer}.", row) == 1.0
+        assert arithmetic("", f"The answer is {int(answer) + 1}.", row) == 0.0
+
+
+def test_a_row_without_an_integer_ground_truth_is_a_reward_error():
+    from nanoverl_core import RewardError
+    with pytest.raises(RewardError, match="no ground truth"):
+        arithmetic("", "7", {"question": "3 + 4?"})
+    with pytest.raises(RewardError, match="not an integer"):
+        arithmetic("", "7", truth("seven"))
+    assert arithmetic("", "7", {"target": "7"}) == 1.0
+
+
+def test_the_files_load_through_the_core_data_path():
+    from nanoverl_core.config import DataConfig
+    from nanoverl_core.data import load_prompts
+
+    class ChatTokenizer:  # whitespace tokens and a role-tag chat template: enough for the data path
+        pad_token_id, eos_token_id, chat_template = 0, 1, "role-tags"
+
+        def encode(self, text, add_special_tokens=True):
+            return [2 + len(w) for w in text.split()]
+
+        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+            return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
+
+    ds = load_prompts([str(DATA / "val.jsonl")], DataConfig(max_prompt_length=64), ChatTokenizer())
+    assert len(ds) == 64 and ds.num_filtered == 0
+    assert ds.texts[0] == "<user> What is 0 + 5? <assistant>"
+    assert ds.rows[0]["reward_model"]["ground_truth"] == "5" and ds.rows[0]["extra_info"]["op"] == "+"
+
+
+def test_the_trainer_loads_it_as_a_reward_file():
+    from nanoverl_core.config import RewardConfig
+    from nanoverl_core.plugins import Registry
+    from nanoverl_core.reward import load_reward_fn
+    fn, label = load_reward_fn(RewardConfig(file=str(HERE / "reward.py"), function="arithmetic"), Registry())
+    assert fn("", "3 + 4 = 7", truth("7")) == 1.0 and label.endswith("reward.py:arithmetic")
