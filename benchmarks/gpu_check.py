@@ -138,7 +138,7 @@ def run_path(spec: dict) -> dict:
         f"rollout.max_new_tokens={spec['max_new_tokens']}", f"actor.micro_batch_size={spec['micro']}",
         "actor.lr=1e-6", "actor.entropy_coeff=0", "algorithm.advantage_estimator=grpo", "reward.name=char_match"]
     if spec["path"] == "fsdp":
-        overrides += ["worker.name=fsdp", f"worker.param_dtype={spec['dtype']}", "worker.reduce_dtype=float32"]
+        overrides += ["worker.name=fsdp", f"worker.fsdp.param_dtype={spec['dtype']}", "worker.fsdp.reduce_dtype=float32"]
     config = load_config(str(ROOT / "examples/configs/tiny_grpo.toml"), overrides=overrides)
     start = time.perf_counter()
     trainer = Trainer(config, registry())

@@ -31,11 +31,9 @@ Index = int | slice | Sequence[int] | torch.Tensor
 class RLBatch:
     """Named tensors and non-tensor columns sharing one batch dimension."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor] | None = None,
-                 non_tensors: dict[str, list] | None = None, meta: dict[str, Any] | None = None):
+    def __init__(self, tensors: dict[str, torch.Tensor] | None = None, non_tensors: dict[str, list] | None = None):
         self.tensors: dict[str, torch.Tensor] = {}
         self.non_tensors: dict[str, list] = {}
-        self.meta: dict[str, Any] = dict(meta or {})  # batch-level info, not indexed with rows
         self._size: int | None = None
         for key, value in (tensors or {}).items():
             self[key] = value
@@ -43,9 +41,8 @@ class RLBatch:
             self[key] = list(value)
 
     @classmethod
-    def from_dict(cls, tensors: dict[str, torch.Tensor], non_tensors: dict[str, Iterable] | None = None,
-                  meta: dict[str, Any] | None = None) -> RLBatch:
-        return cls(tensors, {k: list(v) for k, v in (non_tensors or {}).items()}, meta)
+    def from_dict(cls, tensors: dict[str, torch.Tensor], non_tensors: dict[str, Iterable] | None = None) -> RLBatch:
+        return cls(tensors, {k: list(v) for k, v in (non_tensors or {}).items()})
 
     # ---- size and keys -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -102,7 +99,7 @@ class RLBatch:
         else:
             rows = list(item)
         idx = torch.as_tensor(rows, dtype=torch.long)
-        out = RLBatch(meta=self.meta)
+        out = RLBatch()
         for key, value in self.tensors.items():
             out[key] = value[idx.to(value.device)]
         for key, value in self.non_tensors.items():
@@ -110,11 +107,6 @@ class RLBatch:
         if not out.keys():
             out._size = len(rows)
         return out
-
-    def select(self, *keys: str) -> RLBatch:
-        """A batch with only these columns (tensors are shared, not copied)."""
-        return RLBatch({k: self.tensors[k] for k in keys if k in self.tensors},
-                       {k: self.non_tensors[k] for k in keys if k in self.non_tensors}, self.meta)
 
     def split(self, size: int) -> list[RLBatch]:
         """Consecutive chunks of `size` rows (the last one may be shorter)."""
@@ -126,21 +118,13 @@ class RLBatch:
         """Each row repeated n times in place: rows [a, b] -> [a, a, b, b] for n=2."""
         return self.index([r for r in range(len(self)) for _ in range(n)])
 
-    def reorder(self, order: Sequence[int] | torch.Tensor) -> RLBatch:
-        """Rows in a new order; `order` must be a permutation of range(len(self))."""
-        rows = torch.as_tensor(order).tolist()
-        if sorted(rows) != list(range(len(self))):
-            raise ValueError(f"reorder needs a permutation of {len(self)} rows, got {len(rows)} indices")
-        return self.index(rows)
-
     def to(self, device: torch.device | str) -> RLBatch:
-        return RLBatch({k: v.to(device) for k, v in self.tensors.items()}, self.non_tensors, self.meta)
+        return RLBatch({k: v.to(device) for k, v in self.tensors.items()}, self.non_tensors)
 
     def update(self, other: RLBatch) -> RLBatch:
         """Add (or overwrite) other's columns in place; other must have the same number of rows."""
         for key in other.keys():
             self[key] = other[key]
-        self.meta.update(other.meta)
         return self
 
     @staticmethod
@@ -152,7 +136,7 @@ class RLBatch:
         for b in batches[1:]:
             if set(b.keys()) != keys:
                 raise ValueError(f"concat needs the same columns in every batch: {sorted(keys)} vs {sorted(b.keys())}")
-        out = RLBatch(meta=batches[0].meta)
+        out = RLBatch()
         for key in batches[0].tensors:
             parts = [b.tensors[key] for b in batches]
             if len({p.shape[1:] for p in parts}) > 1:

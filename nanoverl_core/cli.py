@@ -48,15 +48,17 @@ def cmd_plugins(argv: list[str]) -> int:
         if info.error:
             print(f"  IMPORT ERROR: {info.error}  (disable with NANOVERL_DISABLE_PLUGINS={info.dist})")
         for kind, names in info.names.items():
-            described = ", ".join(names)
-            print(f"  {kind}: {described}")
+            print(f"  {kind}: {', '.join(names)}")
+            for name in names:
+                description = info.descriptions.get(kind, {}).get(name, "")
+                print(f"    {name}" + (f" - {description}" if description else ""))
     return 0
 
 
 def cmd_train(argv: list[str]) -> int:
     args = _train_parser().parse_args(argv)
-    config = load_config(args.config, args.overrides)
     registry = load_registry()
+    config = load_config(args.config, args.overrides, registry=registry)
     if args.dry_run:
         from .trainer.resolve import describe
         print(json.dumps(describe(config, registry), indent=2))

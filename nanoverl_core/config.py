@@ -9,18 +9,25 @@ critic off, ...) live in ``Config.validate`` and run before any model loads.
 import difflib
 import json
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import attrs
 import cattrs
+import cattrs.v
 import yaml
 
 from .errors import ConfigError
 
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
                       "seq-mean-token-sum-norm"]
+def _settings(**kwargs):
+    """A component's typed settings: not a key the user writes under this name (see `component_settings`)."""
+    return attrs.field(default=None, init=False, **kwargs)
+
+
 KLEstimator = Literal["k1", "abs", "k2", "k3", "k1+", "abs+", "k2+", "k3+", "low_var_kl", "mse", "kl"]
 
 
@@ -90,12 +97,6 @@ class ModelConfig:
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Allow model code from the model folder to run (off: only transformers' own classes)."""
-    vocab_size: int = 0
-    """Debug worker: vocabulary size (0: the size of its character tokenizer)."""
-    hidden_size: int = 64
-    """Debug worker: hidden size of its tiny transformer."""
-    num_layers: int = 2
-    """Debug worker: number of transformer blocks."""
 
 
 @attrs.define
@@ -118,18 +119,16 @@ class RolloutConfig:
     """Validation temperature; 0 is greedy."""
     micro_batch_size: int = 0
     """Rows per generate call; 0 generates the whole batch at once."""
-    gpu_memory_utilization: float = 0.5
-    """vLLM: fraction of accelerator memory the engine may take."""
+    settings: Any = _settings()
+    """The selected rollout's own settings, written as [rollout.<name>] (see `component_settings`)."""
 
 
 @attrs.define
 class WorkerConfig:
     name: str = "debug"
     """A registered training backend (`nanoverl-train plugins` lists them)."""
-    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """FSDP: mixed-precision dtype of parameters in forward/backward."""
-    reduce_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """FSDP: dtype of gradient reduction."""
+    settings: Any = _settings()
+    """The selected worker's own settings, written as [worker.<name>]."""
 
 
 @attrs.define
@@ -164,8 +163,8 @@ class ActorConfig(OptimConfig):
     """PPO ratio clip above 1 (clip-higher uses e.g. 0.28)."""
     clip_ratio_c: float = 3.0
     """Dual-clip bound for negative advantages (> 1); the loss is capped at -A * clip_ratio_c."""
-    policy_loss: Literal["vanilla", "gspo"] = "vanilla"
-    """"vanilla": token-level PPO ratio; "gspo": sequence-level ratio (geometric mean over tokens)."""
+    policy_loss: str = "vanilla"
+    """A registered policy loss: "vanilla" (token-level PPO ratio), "gspo" (sequence-level ratio), or a plugin's."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How token losses become one number (README lists when to use each)."""
     loss_scale_factor: float = 0.0
@@ -181,6 +180,8 @@ class ActorConfig(OptimConfig):
     takes the k2 gradient (straight-through)."""
     log_ratio_clamp: float = 20.0
     """The log-ratio is clamped to +-this before exp so the ratio cannot overflow."""
+    settings: Any = _settings()
+    """The selected policy loss's own settings, written as [actor.<policy_loss>]."""
 
 
 @attrs.define
@@ -208,17 +209,13 @@ class ReferenceConfig:
 @attrs.define
 class AlgorithmConfig:
     advantage_estimator: str = "gae"
-    """A registered advantage estimator: gae and reinforce_plus_plus in the core, grpo & co. in nanoverl-grpo."""
+    """A registered advantage estimator (`nanoverl-train plugins` lists them; the core has gae and reinforce_plus_plus)."""
     gamma: float = 1.0
     """Discount factor."""
     lam: float = 1.0
     """GAE lambda."""
     whiten_advantages: bool = False
     """GAE: normalise advantages to zero mean / unit variance over valid tokens."""
-    norm_adv_by_std_in_grpo: bool = True
-    """GRPO: divide by the group std (off gives Dr. GRPO)."""
-    epsilon: float = 1e-6
-    """Added to standard deviations before dividing."""
     filter_groups: bool = False
     """Drop groups whose rewards are all equal before the update (they carry no signal)."""
     use_kl_in_reward: bool = False
@@ -233,8 +230,8 @@ class AlgorithmConfig:
     """Adaptive controller: the KL it steers toward."""
     kl_horizon: int = 10000
     """Adaptive controller: horizon (in samples) of its proportional update."""
-    params: dict[str, Any] = attrs.Factory(dict)
-    """Settings for plugin estimators, passed through untouched."""
+    settings: Any = _settings()
+    """The selected estimator's own settings, written as [algorithm.<advantage_estimator>]."""
 
 
 @attrs.define
@@ -250,6 +247,8 @@ class RewardConfig:
     on_error: Literal["raise", "zero"] = "raise"
     """A reward that raises, hangs or returns a non-finite score: "raise" stops (exit 2),
     "zero" scores 0 and counts it in reward/errors."""
+    settings: Any = _settings()
+    """The selected reward's own settings, written as [reward.<name>]."""
 
 
 @attrs.define
@@ -262,6 +261,8 @@ class TrackingConfig:
     """Empty: $MLFLOW_TRACKING_URI if set, else the embedded local store (sqlite next to the runs)."""
     run_name: str = ""
     """Run name; empty uses the run directory's name."""
+    settings: dict[str, Any] = attrs.field(factory=dict, init=False)
+    """Each selected tracker's own settings by tracker name, written as [tracking.<name>]."""
 
 
 @attrs.define
@@ -289,7 +290,14 @@ class Config:
         return self.critic.mini_batch_size or self.data.batch_size
 
     def to_dict(self) -> dict[str, Any]:
-        return _converter.unstructure(self)
+        """The config as plain data, each component's settings as its [<section>.<name>] table, so
+        `load_config` of the result gives this config back."""
+        data = _converter.unstructure(self)
+        for section in COMPONENTS:
+            for name, settings in _settings_by_name(self, section).items():
+                if settings is not None:
+                    data[section][name] = _converter.unstructure(settings)
+        return data
 
     def validate(self) -> "Config":
         """Reject impossible combinations before anything heavy loads."""
@@ -376,6 +384,9 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _parse_value(text: str) -> Any:
     """An override value: JSON / YAML scalars and lists (`20`, `true`, `[console, jsonl]`), else a string."""
     try:
@@ -420,12 +431,20 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         except ValueError:
             node[parts[-1]] = value  # reported as a type error with the key path
     else:
-        node[parts[-1]] = _parse_value(value)
+        parsed = _parse_value(value)
+        if ftype is None and isinstance(parsed, str) and _FLOAT.fullmatch(parsed.strip()):
+            parsed = float(parsed)  # a component setting (type unknown here): YAML reads 1e-3 as text
+        node[parts[-1]] = parsed
+
+
+def _user_fields(cls: type) -> dict[str, attrs.Attribute]:
+    """The keys a user may write in a section (component settings live in their own tables)."""
+    return {f.name: f for f in attrs.fields(cls) if f.init}
 
 
 def _known_keys(cls: type, prefix: str = "") -> list[str]:
     keys = []
-    for field in attrs.fields(cls):
+    for field in _user_fields(cls).values():
         path = f"{prefix}{field.name}"
         keys.append(path)
         if attrs.has(field.type if isinstance(field.type, type) else object):
@@ -433,14 +452,15 @@ def _known_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def _check_keys(data: dict[str, Any], cls: type, prefix: str = "") -> None:
-    """Unknown keys, reported with their full path and the closest known key."""
-    fields = {f.name: f for f in attrs.fields(cls)}
+def _check_keys(data: dict[str, Any], cls: type, prefix: str = "", extra: tuple[str, ...] = ()) -> None:
+    """Unknown keys, reported with their full path and the closest known key (`extra`: more valid paths)."""
+    fields = _user_fields(cls)
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in fields:
-            known = [f"{prefix}{name}" for name in fields]
-            close = difflib.get_close_matches(path, _known_keys(Config), n=1, cutoff=0.6) or \
+            known = [f"{prefix}{name}" for name in fields] + list(extra)
+            close = difflib.get_close_matches(path, known, n=1, cutoff=0.6) or \
+                difflib.get_close_matches(path, [*_known_keys(Config), *extra], n=1, cutoff=0.6) or \
                 difflib.get_close_matches(path, known, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys here: {', '.join(known)}"
             raise ConfigError(f"unknown config key {path!r}{hint}")
@@ -451,26 +471,146 @@ def _check_keys(data: dict[str, Any], cls: type, prefix: str = "") -> None:
             _check_keys(value, ftype, path + ".")
 
 
-def _type_error(exc: Exception) -> str:
-    """The first leaf of a cattrs error, as 'key: message'."""
-    for message in cattrs.transform_error(exc, path="$"):
-        text, _, where = message.partition(" @ ")
-        where = where.removeprefix("$.").replace("$", "")
-        return f"config key {where!r}: {text}"
-    return str(exc)
+def _leaf_message(exc: BaseException, kind: Any) -> str:
+    """A validator's own message (attrs names the field and the bound), else cattrs' default."""
+    if isinstance(exc, ValueError) and str(exc):
+        return str(exc)
+    return cattrs.v.format_exception(exc, kind)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a TOML / YAML / JSON config, apply dotted overrides, structure and validate it."""
+def _structure(data: dict[str, Any], cls: type, prefix: str = "") -> Any:
+    """cattrs structuring with the first error as one line: 'config key <path>: <what is wrong>'.
+    Field validators (a component's settings may declare them) run after, each reported by its key."""
+    try:
+        with attrs.validators.disabled():
+            obj = _converter.structure(data, cls)
+        for field in attrs.fields(cls):
+            if field.validator is not None:
+                try:
+                    field.validator(obj, field, getattr(obj, field.name))
+                except (ValueError, TypeError) as exc:
+                    raise ConfigError(f"config key {prefix + field.name!r}: {exc}; fix the value in the config "
+                                      "or override") from None
+        return obj
+    except ConfigError:
+        raise
+    except Exception as exc:  # cattrs wraps every leaf error in a ClassValidationError
+        for message in cattrs.transform_error(exc, path="$", format_exception=_leaf_message):
+            text, _, where = message.partition(" @ ")
+            where = prefix + where.removeprefix("$.").replace("$", "")
+            raise ConfigError(f"config key {where.rstrip('.')!r}: {text}; fix the value in the config "
+                              "or override") from None
+        raise ConfigError(f"config section {prefix.rstrip('.') or 'root'}: {exc}") from None
+
+
+# ---- component settings ---------------------------------------------------------------------------
+COMPONENTS: dict[str, str] = {"rollout": "rollout", "worker": "worker", "actor": "policy_loss",
+                              "algorithm": "advantage_estimator", "reward": "reward", "tracking": "tracker"}
+"""Config section -> the registry kind of the component(s) it selects. A component that registered a
+settings class (`register(..., settings=Cls)`) is configured in the table [<section>.<name>]; the
+selected one's settings object is `config.<section>.settings` (for trackers, a dict by name)."""
+
+
+def _selected(config: Config, section: str) -> list[str]:
+    return {"rollout": [config.rollout.name], "worker": [config.worker.name], "actor": [config.actor.policy_loss],
+            "algorithm": [config.algorithm.advantage_estimator],
+            "reward": [] if config.reward.file else [config.reward.name],
+            "tracking": list(config.tracking.trackers)}[section]
+
+
+def _settings_by_name(config: Config, section: str) -> dict[str, Any]:
+    node = getattr(config, section)
+    if section == "tracking":
+        return dict(node.settings)
+    names = _selected(config, section)
+    return {names[0]: node.settings} if names else {}
+
+
+def _pop_component_tables(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Take every [<section>.<name>] table that is not a core key of its section out of `data`."""
+    tables: dict[str, dict[str, Any]] = {}
+    for section in COMPONENTS:
+        node = data.get(section)
+        if not isinstance(node, dict):
+            continue
+        core = _user_fields(attrs.fields_dict(Config)[section].type)
+        for key in [k for k, v in node.items() if isinstance(v, dict) and k not in core]:
+            tables.setdefault(section, {})[key] = node.pop(key)
+    return tables
+
+
+def component_settings(config: Config, registry, tables: dict[str, dict[str, Any]] | None = None) -> Config:
+    """Give every selected component its typed settings, validated like the core's keys.
+
+    `tables` are the [<section>.<name>] tables of the config file and overrides. A component whose
+    settings are already set (a loaded config) keeps them unless a table is given. Tables for a
+    registered component that is not selected are ignored with a warning (switching `rollout.name`
+    by an override must not break on the other rollout's settings); a table naming no registered
+    component is an unknown key. Names that are not registered at all are left for
+    `resolve_plugins` to report with the close match and the install line.
+    """
+    tables = tables or {}
+    for section, kind in COMPONENTS.items():
+        given, node = dict(tables.get(section, {})), getattr(config, section)
+        for name in _selected(config, section):
+            if name not in registry.entries[kind]:
+                continue
+            cls, table, key = registry.settings_class(kind, name), given.pop(name, None), f"{section}.{name}"
+            current = node.settings.get(name) if section == "tracking" else node.settings
+            if cls is None and table:
+                raise ConfigError(f"[{key}] is set, but the {kind} {name!r} takes no settings; remove that table")
+            if cls is None:
+                value = None
+            elif table is None and isinstance(current, cls):
+                value = current
+            else:
+                _check_keys(table or {}, cls, key + ".")
+                value = _structure(table or {}, cls, key + ".")
+            if section == "tracking":
+                node.settings[name] = value
+            else:
+                node.settings = value
+        for name in given:
+            if name in registry.entries[kind]:
+                print(f"warning: [{section}.{name}] is ignored: that {kind} is not selected", file=sys.stderr)
+                continue
+            _check_keys({name: given[name]}, attrs.fields_dict(Config)[section].type, f"{section}.",
+                        extra=tuple(f"{section}.{n}" for n in registry.names(kind)))
+    return config
+
+
+# ---- loading --------------------------------------------------------------------------------------
+def _drop_disabled_parts(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
+    """An override that switches a part off (`critic.enable=false`) wins over the file's keys for that
+    part: they are dropped with a warning. Keys the overrides themselves set still conflict."""
+    from_overrides = {o.partition("=")[0].strip() for o in overrides}
+    for part in ("critic", "reference"):
+        node = data.get(part)
+        if f"{part}.enable" not in from_overrides or not isinstance(node, dict) or node.get("enable") is not False:
+            continue
+        ignored = sorted(k for k in node if k != "enable" and f"{part}.{k}" not in from_overrides)
+        for key in ignored:
+            del node[key]
+        if ignored:
+            print(f"warning: {part}.enable=false: ignoring {', '.join(f'{part}.{k}' for k in ignored)} "
+                  "set in the config file", file=sys.stderr)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                registry=None) -> Config:
+    """Read a TOML / YAML / JSON config, apply dotted overrides, structure and validate it, and give
+    each selected component its settings (`registry`: the installed plugins, discovered if None)."""
     data = _read_file(Path(path)) if path else {}
     for override in overrides:
         apply_override(data, override)
+    _drop_disabled_parts(data, overrides)
+    tables = _pop_component_tables(data)
     _check_keys(data, Config)
-    try:
-        config = _converter.structure(data, Config)
-    except Exception as exc:  # cattrs wraps every leaf error in a ClassValidationError
-        raise ConfigError(_type_error(exc) + "; fix the value's type in the config or override") from None
-    return config.validate()
+    config = _structure(data, Config).validate()
+    if registry is None:
+        from .plugins import load_registry
+        registry = load_registry()
+    return component_settings(config, registry, tables)
 
 
 # cattrs accepts 1 for a bool and "3" for an int; a config typo should not pass silently.

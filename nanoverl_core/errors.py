@@ -28,3 +28,8 @@ class RewardError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint is missing, incomplete, or cannot be written."""
+
+
+class CheckpointMismatch(ValueError):
+    """Checkpoint files that do not fit the model or optimizer they are loaded into (raised by a worker's
+    `load`, reported by the trainer as a CheckpointError naming the checkpoint)."""

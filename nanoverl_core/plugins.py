@@ -4,9 +4,10 @@ Plugins are modules named by entry points in the group ``nanoverl``. Each is loa
 one that fails to import is reported by name instead of breaking every command. The core's
 built-ins are registered through the same hooks, under the distribution name ``nanoverl``.
 
-One ``Registry`` holds a table per kind (rollout, worker, advantage_estimator, reward, tracker),
-records which distribution provided each name, resolves ``"module:attr"`` strings only when a name
-is selected, and raises one ``PluginError`` format for duplicates and unknown names.
+One ``Registry`` holds a table per kind (rollout, worker, advantage_estimator, reward, tracker,
+policy_loss), records which distribution provided each name (and its description and settings
+class), resolves ``"module:attr"`` strings only when a name is selected, and raises one
+``PluginError`` format for duplicates and unknown names.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class Entry:
     provider: str
     """Distribution that registered it."""
     description: str = ""
+    settings: Any = None
+    """The component's settings class (attrs), a "module:attr" string for it, or None."""
 
 
 @attrs.define
@@ -54,6 +57,8 @@ class PluginInfo:
     module: str
     hooks: list[str] = attrs.Factory(list)
     names: dict[str, list[str]] = attrs.Factory(dict)
+    descriptions: dict[str, dict[str, str]] = attrs.Factory(dict)
+    """kind -> name -> the description it was registered with."""
     error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,7 +73,7 @@ class Registry:
         self.plugins: list[PluginInfo] = []
         self._loaded: dict[tuple[str, str], Any] = {}
 
-    def add(self, kind: str, name: str, obj: Any, provider: str, description: str = "") -> None:
+    def add(self, kind: str, name: str, obj: Any, provider: str, description: str = "", settings: Any = None) -> None:
         if kind not in self.entries:
             raise PluginError(f"plugin {provider}: unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
         if not isinstance(name, str) or not name:
@@ -79,7 +84,7 @@ class Registry:
                 raise PluginError(f"{kind} name {name!r} is registered twice by {provider}; this is a bug in {provider}")
             raise PluginError(f"{kind} name {name!r} is registered by both {other} and {provider}; "
                               f"uninstall one, or set NANOVERL_DISABLE_PLUGINS={provider}")
-        self.entries[kind][name] = Entry(kind, name, obj, provider, description)
+        self.entries[kind][name] = Entry(kind, name, obj, provider, description, settings)
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.entries[kind])
@@ -103,26 +108,43 @@ class Registry:
         """The registered object, importing a "module:attr" string the first time."""
         entry = self.entry(kind, name, key)
         if (kind, name) not in self._loaded:
-            obj = entry.obj
-            if isinstance(obj, str):
-                module, _, attr = obj.partition(":")
-                try:
-                    obj = getattr(importlib.import_module(module), attr)
-                except ImportError as exc:
-                    extra = FIRST_PARTY.get((kind, name))
-                    fix = f'pip install "nanoverl[{extra}]"' if extra else f"install what {entry.provider} needs"
-                    raise PluginError(f"{kind} {name!r} from {entry.provider} cannot be imported ({exc}); "
-                                      f"{fix}") from None
-                except AttributeError:
-                    raise PluginError(f"{kind} {name!r} from {entry.provider} points at {entry.obj!r}, "
-                                      f"which does not exist; this is a bug in {entry.provider}") from None
-                except Exception as exc:  # the module itself raised while importing (SyntaxError, RuntimeError, ...)
-                    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-                    raise PluginError(f"{kind} {name!r} from {entry.provider} failed to import ({detail}); fix or "
-                                      f"uninstall {entry.provider}, or set NANOVERL_DISABLE_PLUGINS={entry.provider} "
-                                      "and choose another name") from None
-            self._loaded[(kind, name)] = obj
+            self._loaded[(kind, name)] = self._resolve(entry, entry.obj)
         return self._loaded[(kind, name)]
+
+    def settings_class(self, kind: str, name: str) -> type | None:
+        """The settings class a component registered (imported on first use), or None."""
+        entry = self.entry(kind, name)
+        if entry.settings is None:
+            return None
+        if (kind, name, "settings") not in self._loaded:
+            cls = self._resolve(entry, entry.settings)
+            if not (isinstance(cls, type) and attrs.has(cls)):
+                raise PluginError(f"{kind} {name!r} from {entry.provider} registered settings={entry.settings!r}, "
+                                  f"which is not an attrs class; this is a bug in {entry.provider}")
+            self._loaded[(kind, name, "settings")] = cls
+        return self._loaded[(kind, name, "settings")]
+
+    def _resolve(self, entry: Entry, obj: Any) -> Any:
+        """`obj` itself, or what its "module:attr" string names (errors say what to install or fix)."""
+        kind, name = entry.kind, entry.name
+        if isinstance(obj, str):
+            module, _, attr = obj.partition(":")
+            try:
+                obj = getattr(importlib.import_module(module), attr)
+            except ImportError as exc:
+                extra = FIRST_PARTY.get((kind, name))
+                fix = f'pip install "nanoverl[{extra}]"' if extra else f"install what {entry.provider} needs"
+                raise PluginError(f"{kind} {name!r} from {entry.provider} cannot be imported ({exc}); "
+                                  f"{fix}") from None
+            except AttributeError:
+                raise PluginError(f"{kind} {name!r} from {entry.provider} points at {obj!r}, "
+                                  f"which does not exist; this is a bug in {entry.provider}") from None
+            except Exception as exc:  # the module itself raised while importing (SyntaxError, RuntimeError, ...)
+                detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                raise PluginError(f"{kind} {name!r} from {entry.provider} failed to import ({detail}); fix or "
+                                  f"uninstall {entry.provider}, or set NANOVERL_DISABLE_PLUGINS={entry.provider} "
+                                  "and choose another name") from None
+        return obj
 
     def check_imports(self) -> None:
         """Raise for the first plugin that failed to import (training refuses to run half-loaded)."""
@@ -181,9 +203,11 @@ def load_registry() -> Registry:
             info = by_dist[provider]
             info.hooks.append(hook_name)
 
-            def register(name: str, obj: Any, *, description: str = "", _kind=kind, _by=provider) -> None:
-                registry.add(_kind, name, obj, _by, description)
+            def register(name: str, obj: Any, *, description: str = "", settings: Any = None,
+                         _kind=kind, _by=provider) -> None:
+                registry.add(_kind, name, obj, _by, description, settings)
                 by_dist[_by].names.setdefault(_kind, []).append(name)
+                by_dist[_by].descriptions.setdefault(_kind, {})[name] = description
 
             impl.function(register=register)
     return registry

@@ -68,6 +68,8 @@ class RewardScorer:
             previous = signal.signal(signal.SIGALRM, _alarm)
             signal.setitimer(signal.ITIMER_REAL, self.cfg.timeout_s)
         try:
+            if self.cfg.settings is not None:  # a reward that registered settings gets [reward.<name>]
+                return self.fn(prompt, response, sample, settings=self.cfg.settings)
             return self.fn(prompt, response, sample)
         except _Timeout:
             raise RewardError(f"timed out after reward.timeout_s={self.cfg.timeout_s}s") from None

@@ -1,7 +1,7 @@
 """What a rollout engine receives and returns.
 
-A rollout plugin registers ``make_rollout(config, workers) -> Rollout``. The trainer hands it a batch
-whose rows are already repeated ``rollout.n`` times (rows of one prompt share a ``uid``) and holding
+A rollout plugin registers ``make_rollout(config, workers) -> Rollout`` (``nanoverl_core.protocols``).
+The trainer hands it a batch whose rows are already repeated ``rollout.n`` times (rows of one prompt share a ``uid``) and holding
 ``prompts`` / ``prompt_mask`` (left-padded, ``(B, P)``). ``generate`` returns a batch with the same
 rows in the same order holding ``responses`` and ``response_mask`` (``(B, R)``, right-padded; the mask
 covers tokens up to and including EOS), built with ``responses_to_batch`` so every engine builds them
@@ -11,7 +11,6 @@ the same way, and optionally ``rollout_log_probs``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import attrs
 import torch
@@ -33,12 +32,15 @@ class SamplingParams:
         return self.temperature == 0
 
 
-class Rollout(Protocol):
-    def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
-        """Sample one response per row of ``batch`` (see the module docstring)."""
-
-    def sync_weights(self, actor) -> None:
-        """Make the next ``generate`` use the actor's current weights."""
+def stop_token_ids(tokenizer, module=None) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS, then those of the module's generation config
+    (chat models often end a turn with a token such as <|im_end|> besides the tokenizer's EOS)."""
+    ids = [tokenizer.eos_token_id]
+    extra = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
+    for value in ([extra] if isinstance(extra, int) else list(extra or [])):
+        if value not in ids:
+            ids.append(value)
+    return ids
 
 
 def responses_to_batch(responses: Sequence[Sequence[int]] | torch.Tensor, *, eos_token_id: int | Sequence[int],

@@ -12,21 +12,24 @@ returns an object with ``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` fo
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
-from .algos import (compute_entropy_loss, compute_kl_loss, compute_policy_loss, compute_value_loss,
-                    entropy_from_logits, logprobs_from_logits, masked_mean)
+from .algos import PolicyLossInputs, compute_actor_loss, compute_value_loss, entropy_from_logits, logprobs_from_logits
+from .algos.losses import PolicyLoss
 from .batch import RLBatch
 from .config import Config, OptimConfig
-from .errors import ConfigError, UserError
+from .errors import CheckpointMismatch, ConfigError, UserError
+from .protocols import Actor, Critic
 
 
 class NonFiniteError(UserError):
@@ -35,11 +38,16 @@ class NonFiniteError(UserError):
 
 @attrs.define
 class Workers:
+    """What `make_workers(config)` returns (see nanoverl_core.protocols for each contract)."""
+
     tokenizer: Any
     """Hugging Face-like: encode(text), decode(ids, skip_special_tokens=True), pad_token_id, eos_token_id."""
-    actor: TorchActor
-    reference: TorchActor | None = None
-    critic: TorchCritic | None = None
+    actor: Actor
+    """The policy being trained."""
+    reference: Actor | None = None
+    """A frozen policy for KL terms (reference.enable), else None."""
+    critic: Critic | None = None
+    """The value model (critic.enable), else None."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -92,6 +100,8 @@ def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
 class _TorchWorker:
     """Shared parts of actor and critic: device, optimizer, data-parallel sums, checkpoints."""
 
+    metric_prefix = "actor"
+
     def __init__(self, module: torch.nn.Module, config: Config, optim: OptimConfig | None,
                  mini_batch_prompts: int, epochs: int, device: torch.device | str = "cpu"):
         self.module = module
@@ -142,22 +152,78 @@ class _TorchWorker:
                      "num_seqs": float(self.global_sum((mask.sum(-1) > 0).sum().float()))}
             yield mini.split(micro_rows or len(mini)), norms
 
+    def optimizer_step(self, micro_batches: list[RLBatch], norms: dict[str, float],
+                       loss_of: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> dict[str, float]:
+        """Forward / backward every micro-batch (gradients accumulate), then one clipped optimizer step.
+
+        loss_of(micro_batch, norms) -> (loss, metrics), both scaled by the mini-batch's normalisers:
+        the metrics are each micro-batch's share, so their sum over micro-batches and ranks is the
+        mini-batch's value, however the mini-batch was split. Returns those sums plus grad_norm and lr.
+        """
+        shares: dict[str, float] = defaultdict(float)
+        finite = True
+        for mb in micro_batches:
+            loss, metrics = loss_of(mb, norms)
+            finite &= bool(torch.isfinite(loss))
+            (loss * self.dp_size).backward()  # FSDP averages gradients over ranks; undo that
+            for key, value in metrics.items():
+                shares[key] += float(value)
+        keys = sorted(shares)
+        totals = self.global_sum(torch.tensor([shares[k] for k in keys], dtype=torch.float64)).tolist()
+        out = dict(zip(keys, totals))
+        out[f"{self.metric_prefix}/grad_norm"] = self.clip_and_step(not finite)
+        out[f"{self.metric_prefix}/lr"] = self.scheduler.get_last_lr()[0]
+        return out
+
     # checkpoints: safetensors for weights, weights-only torch.save for optimizer state, JSON for the rest
     def save(self, path: Path) -> None:
         from safetensors.torch import save_model
         path.mkdir(parents=True, exist_ok=True)
         save_model(self.module, str(path / "model.safetensors"))
         if self.optimizer is not None:
-            torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+            save_tensors(self.optimizer.state_dict(), path / "optimizer.pt")
             (path / "scheduler.json").write_text(json.dumps(self.scheduler.state_dict()))
 
     def load(self, path: Path) -> None:
         from safetensors.torch import load_model
-        load_model(self.module, str(path / "model.safetensors"), device=str(self.device))
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True,
-                                                      map_location=self.device))
-            self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+        with checkpoint_fits(path):
+            load_model(self.module, str(path / "model.safetensors"), device=str(self.device))
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(load_tensors(path / "optimizer.pt", self.device))
+                self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+
+
+def save_tensors(obj: Any, path: Path) -> None:
+    """torch.save of plain tensors / numbers / strings; a failed write (a full disk) is raised as the
+    OSError it is (torch reports it as a RuntimeError)."""
+    try:
+        torch.save(obj, path)
+    except RuntimeError as exc:
+        raise OSError(errno.EIO, f"writing {path.name} failed ({' '.join(str(exc).split())[:200]})", str(path)) from None
+
+
+def load_tensors(path: Path, device: torch.device | str = "cpu") -> Any:
+    """torch.load(weights_only=True): tensors and plain values only, nothing is unpickled."""
+    return torch.load(path, weights_only=True, map_location=device)
+
+
+class checkpoint_fits:
+    """A context manager around applying checkpoint files to modules and optimizers: what
+    load_state_dict raises for tensors or state that do not fit (and torch.load for a file that is not
+    a zip archive) becomes CheckpointMismatch, which the trainer reports as a user error. Anything
+    raised outside such a block is a bug and propagates as one."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, (RuntimeError, ValueError, KeyError)) \
+                and not issubclass(kind, (UserError, CheckpointMismatch)):
+            raise CheckpointMismatch(f"{kind.__name__}: {exc}") from None
+        return False
 
 
 class TorchActor(_TorchWorker):
@@ -194,47 +260,53 @@ class TorchActor(_TorchWorker):
         parts = [self.forward(mb)[0] for mb in batch.split(micro)]
         return torch.cat(parts).cpu() * batch["response_mask"]
 
-    def update(self, batch: RLBatch) -> dict[str, float]:
-        """PPO epochs over mini-batches (one optimizer step each) split into micro-batches."""
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) per state-dict entry, one at a time; a sharded (DTensor) entry is
+        gathered, so under torchrun this is a collective every rank must consume whole."""
+        for name, value in self.module.state_dict().items():
+            yield name, (value.full_tensor() if hasattr(value, "full_tensor") else value).detach()
+
+    def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False) -> dict[str, float]:
+        """PPO epochs over mini-batches (one optimizer step each) split into micro-batches.
+
+        policy_loss: the registered loss (`actor.policy_loss`), see nanoverl_core.algos.PolicyLossInputs.
+        on_policy: this is the step's only update and the batch was sampled by this very policy, so
+            pi_old is this forward's policy: old log-probs are taken from it (detached) instead of
+            batch["old_log_probs"], and the loss is told so (Trainer decides, see its docstring).
+        """
         cfg = self.config.actor
         scale = cfg.loss_scale_factor or self.config.rollout.max_new_tokens
-        sums: dict[str, list[float]] = defaultdict(list)
+        mini_batches = list(self.minibatches(batch, self.config.actor_mini_batch_size, cfg.micro_batch_size))
+        if on_policy and (cfg.ppo_epochs > 1 or len(mini_batches) > 1):
+            raise ValueError("on_policy=True needs exactly one optimizer step (ppo_epochs = 1, one mini-batch)")
         self.module.train()
+
+        def loss_of(mb: RLBatch, norms: dict[str, float]):
+            mask = mb["response_mask"].to(self.device)
+            log_prob, entropy = self.forward(mb, with_entropy=cfg.entropy_coeff != 0)
+            old = log_prob.detach() if on_policy else mb["old_log_probs"].to(self.device)
+            inputs = PolicyLossInputs(log_prob, old, mb["advantages"].to(self.device), mask,
+                                      loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=scale,
+                                      on_policy=on_policy, **norms)
+            ref = mb["ref_log_probs"].to(self.device) if cfg.use_kl_loss else None
+            return compute_actor_loss(policy_loss, inputs, cfg, entropy=entropy, ref_log_prob=ref)
+
+        steps = []
         for _ in range(cfg.ppo_epochs):
-            for micro_batches, norms in self.minibatches(batch, self.config.actor_mini_batch_size, cfg.micro_batch_size):
-                total, finite = 0.0, True
-                for mb in micro_batches:
-                    mask = mb["response_mask"].to(self.device)
-                    log_prob, entropy = self.forward(mb, with_entropy=cfg.entropy_coeff != 0)
-                    # no old_log_probs: a single on-policy step (see Trainer), pi_old is this forward's policy
-                    old = mb["old_log_probs"].to(self.device) if "old_log_probs" in mb else log_prob.detach()
-                    loss, metrics = compute_policy_loss(
-                        old, log_prob, mb["advantages"].to(self.device), mask,
-                        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-                        clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode, policy_loss=cfg.policy_loss,
-                        log_ratio_clamp=cfg.log_ratio_clamp, loss_scale_factor=scale, **norms)
-                    if entropy is not None:
-                        ent = compute_entropy_loss(entropy, mask, cfg.loss_agg_mode, loss_scale_factor=scale, **norms)
-                        loss = loss - cfg.entropy_coeff * ent
-                        sums["actor/entropy"].append(float(masked_mean(entropy.detach(), mask)))
-                    if cfg.use_kl_loss:
-                        kl = compute_kl_loss(log_prob, mb["ref_log_probs"].to(self.device), mask, cfg.kl_loss_type,
-                                             cfg.loss_agg_mode, loss_scale_factor=scale, **norms)
-                        loss = loss + cfg.kl_loss_coef * kl
-                        sums["actor/kl_loss"].append(float(kl.detach()))
-                    finite &= bool(torch.isfinite(loss))
-                    (loss * self.dp_size).backward()  # FSDP averages gradients over ranks; undo that
-                    total += float(loss.detach())
-                    for key, value in metrics.items():
-                        sums[key].append(float(value))
-                sums["actor/loss"].append(total)
-                sums["actor/grad_norm"].append(self.clip_and_step(not finite))
-                sums["actor/lr"].append(self.scheduler.get_last_lr()[0])
-        return {k: sum(v) / len(v) for k, v in sums.items()}
+            for micro_batches, norms in mini_batches:
+                steps.append(self.optimizer_step(micro_batches, norms, loss_of))
+        return mean_metrics(steps)
+
+
+def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the optimizer steps of an update."""
+    return {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]} if steps else {}
 
 
 class TorchCritic(_TorchWorker):
     """A value model: module(...).logits is (B, T, 1); values are read at the state before each response token."""
+
+    metric_prefix = "critic"
 
     def __init__(self, module: torch.nn.Module, config: Config, device: torch.device | str = "cpu"):
         super().__init__(module, config, config.critic, config.critic_mini_batch_size,
@@ -252,24 +324,18 @@ class TorchCritic(_TorchWorker):
         return torch.cat([self.forward(mb) for mb in batch.split(micro)]).cpu() * batch["response_mask"]
 
     def update(self, batch: RLBatch) -> dict[str, float]:
+        """Value-loss epochs over mini-batches (one optimizer step each) split into micro-batches."""
         cfg = self.config.critic
-        sums: dict[str, list[float]] = defaultdict(list)
         self.module.train()
+
+        def loss_of(mb: RLBatch, norms: dict[str, float]):
+            return compute_value_loss(self.forward(mb), mb["returns"].to(self.device), mb["values"].to(self.device),
+                                      mb["response_mask"].to(self.device), cliprange_value=cfg.cliprange_value,
+                                      loss_agg_mode=cfg.loss_agg_mode, **norms)
+
+        steps = []
         for _ in range(cfg.ppo_epochs):
-            for micro_batches, norms in self.minibatches(batch, self.config.critic_mini_batch_size, cfg.micro_batch_size):
-                finite = True
-                for mb in micro_batches:
-                    mask = mb["response_mask"].to(self.device)
-                    vpreds = self.forward(mb)
-                    loss, metrics = compute_value_loss(
-                        vpreds, mb["returns"].to(self.device), mb["values"].to(self.device), mask,
-                        cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode, **norms)
-                    finite &= bool(torch.isfinite(loss))
-                    (loss * self.dp_size).backward()
-                    for key, value in metrics.items():
-                        sums[key].append(float(value))
-                sums["critic/grad_norm"].append(self.clip_and_step(not finite))
-                sums["critic/lr"].append(self.scheduler.get_last_lr()[0])
-        return {k: sum(v) / len(v) for k, v in sums.items()}
-
-
+            for micro_batches, norms in self.minibatches(batch, self.config.critic_mini_batch_size,
+                                                         cfg.micro_batch_size):
+                steps.append(self.optimizer_step(micro_batches, norms, loss_of))
+        return mean_metrics(steps)

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = ROOT / "examples" / "configs"
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+GSM8K = ROOT / "examples" / "data" / "gsm8k"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -54,7 +54,8 @@ def plugin_site(tmp_path_factory) -> Path:
     """The fixture plugins installed with pip into a private folder (put it on PYTHONPATH to enable them)."""
     site = tmp_path_factory.mktemp("plugin-site")
     sources = tmp_path_factory.mktemp("plugin-src")
-    for name in ("nanoverl-fixture", "nanoverl-fixture-dup", "nanoverl-fixture-broken", "nanoverl-fixture-badhook"):
+    for name in ("nanoverl-fixture", "nanoverl-fixture-dup", "nanoverl-fixture-broken", "nanoverl-fixture-badhook",
+                 "nanoverl-fixture-ext"):
         source = shutil.copytree(FIXTURES / name, sources / name)  # build outside the checkout
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                         "--target", str(site / name), str(source)], check=True, capture_output=True)

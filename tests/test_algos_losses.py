@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from nanoverl_core.algos import (LOSS_AGG_MODES, agg_loss, compute_entropy_loss, compute_kl_loss, compute_policy_loss,
-                                 compute_value_loss, entropy_from_logits, logprobs_from_logits, loss_totals,
+from nanoverl_core.algos import (LOSS_AGG_MODES, agg_loss, compute_entropy_loss, compute_kl_loss,
+                                 compute_policy_loss_gspo, compute_policy_loss_vanilla, compute_value_loss, entropy_from_logits, logprobs_from_logits, loss_totals,
                                  masked_mean, masked_sum, masked_var, masked_whiten)
 
 NAN = float("nan")
@@ -78,7 +78,7 @@ MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 
     ("token-sum", 7.0),                  # 1 + 2 + 4
     ("seq-mean-token-sum", 3.5),         # rows (1+2), 4; the empty row does not count: 7 / 2
     ("seq-mean-token-mean", 2.75),       # rows 1.5, 4 -> (1.5 + 4) / 2
-    ("seq-mean-token-sum-norm", 7 / 3),  # 7 / R with R = 3 (sum over rows, not divided by their count)
+    ("seq-mean-token-sum-norm", 7 / 6),  # rows (1+2)/R, 4/R with R = 3, averaged over the 2 non-empty rows
 ])
 def test_agg_loss_modes(mode, expected):
     close(agg_loss(LOSS, MASK, mode), expected)
@@ -88,8 +88,9 @@ def test_agg_loss_uses_given_normalisers():
     close(agg_loss(LOSS, MASK, "token-mean", num_tokens=14), 0.5)  # 7 / 14
     close(agg_loss(LOSS, MASK, "seq-mean-token-sum", num_seqs=7), 1.0)  # 7 / 7
     close(agg_loss(LOSS, MASK, "seq-mean-token-mean", num_seqs=11), 0.5)  # 5.5 / 11
-    close(agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=10), 0.7)
-    close(agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=0), 7 / 3)  # 0: use R
+    close(agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=10), 0.35)  # 7 / 10 / 2 rows
+    close(agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=0), 7 / 6)  # 0: use R
+    close(agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", num_seqs=7, loss_scale_factor=10), 0.1)  # 7 / 10 / 7
     assert loss_totals(MASK) == {"num_tokens": 3.0, "num_seqs": 2.0}
 
 
@@ -130,12 +131,11 @@ def test_vanilla_policy_loss_clip_higher_and_dual_clip():
     log_prob.requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 2.0, 7.0]])
     mask = torch.tensor([[1.0, 1, 1, 1, 1, 0]])
-    loss, m = compute_policy_loss(torch.zeros_like(log_prob), log_prob, adv, mask,
-                                  clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    loss, m = compute_policy_loss_vanilla(torch.zeros_like(log_prob), log_prob, adv, mask,
+                                          clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
     # token losses: max(-1.5, -1.28) = -1.28 (clipped high) | max(-0.5, -0.8) = -0.5 | 1.1 (A<0, inside)
     #               min(max(5, 1.28), 3) = 3 (dual clip) | -1.8; token-mean = (-1.28 - 0.5 + 1.1 + 3 - 1.8) / 5
     close(loss, 0.104)
-    close(m["actor/pg_loss"], 0.104)
     close(m["actor/pg_clipfrac"], 0.2)  # token 0
     close(m["actor/pg_clipfrac_lower"], 0.2)  # token 3
     close(m["actor/ppo_kl"], -math.log(1.5 * 0.5 * 1.1 * 5.0 * 0.9) / 5)  # mean(-log r) = -0.262341
@@ -148,8 +148,8 @@ def test_vanilla_policy_loss_clip_higher_and_dual_clip():
 def test_vanilla_policy_loss_passes_normalisers():
     ratios = torch.tensor([[1.5, 0.5, 1.1, 5.0, 0.9]])
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 2.0]])
-    loss, _ = compute_policy_loss(torch.zeros(1, 5), ratios.log(), adv, torch.ones(1, 5),
-                                  clip_ratio_high=0.28, num_tokens=10)
+    loss, _ = compute_policy_loss_vanilla(torch.zeros(1, 5), ratios.log(), adv, torch.ones(1, 5),
+                                          clip_ratio_high=0.28, num_tokens=10)
     close(loss, 0.052)  # the same token-loss sum 0.52, divided by the mini-batch's 10 tokens
 
 
@@ -157,7 +157,7 @@ def test_policy_loss_clamps_extreme_log_ratio():
     # log-ratio +100 and -100 are clamped to +-20 before exp: finite loss and gradients.
     log_prob = torch.tensor([[100.0, -100.0]], requires_grad=True)
     adv = torch.tensor([[-1.0, 1.0]])
-    loss, m = compute_policy_loss(torch.zeros(1, 2), log_prob, adv, torch.ones(1, 2))
+    loss, m = compute_policy_loss_vanilla(torch.zeros(1, 2), log_prob, adv, torch.ones(1, 2))
     # token 0: A<0, ratio e^20 -> dual clip 3; token 1: max(-e^-20, -0.8) = -2.06e-9
     close(loss, (3.0 - math.exp(-20)) / 2)
     close(m["actor/ppo_kl"], 0.0)  # mean(-20, +20)
@@ -175,24 +175,22 @@ def test_gspo_uses_one_geometric_mean_ratio_per_sequence():
     adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 9.0], [-1.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 0, 0]])
     old = torch.zeros(3, 3)
-    loss, m = compute_policy_loss(old, log_prob, adv, mask, clip_ratio_high=0.28, policy_loss="gspo",
-                                  loss_agg_mode="seq-mean-token-mean")
+    loss, m = compute_policy_loss_gspo(old, log_prob, adv, mask, clip_ratio_high=0.28,
+                                       loss_agg_mode="seq-mean-token-mean")
     close(loss, (-1.28 + 0.9 + 5.0) / 3)  # seq-mean of per-row token means
     close(m["actor/pg_clipfrac"], 3 / 6)  # row 0's three tokens
-    close(m["actor/pg_clipfrac_lower"], 0.0)
+    assert "actor/pg_clipfrac_lower" not in m  # GSPO has no dual clip
     # gradient: each unclipped token gets -A * s / |y_i| / num_seqs (stop-gradient trick)
     (grad,) = torch.autograd.grad(loss, log_prob)
     close(grad, [[0.0, 0.0, 0.0], [0.9 / 2 / 3, 0.9 / 2 / 3, 0.0], [5.0 / 3, 0.0, 0.0]], tol=1e-5)
-    loss_tm, _ = compute_policy_loss(old, log_prob, adv, mask, clip_ratio_high=0.28, policy_loss="gspo")
+    loss_tm, _ = compute_policy_loss_gspo(old, log_prob, adv, mask, clip_ratio_high=0.28)
     close(loss_tm, (3 * -1.28 + 2 * 0.9 + 5.0) / 6)  # token-mean over 6 valid tokens
 
 
 def test_policy_loss_rejects_bad_settings():
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        compute_policy_loss(x, x, x, x + 1, clip_ratio_c=1.0)
-    with pytest.raises(ValueError, match="vanilla"):
-        compute_policy_loss(x, x, x, x + 1, policy_loss="ppo")
+        compute_policy_loss_vanilla(x, x, x, x + 1, clip_ratio_c=1.0)
 
 
 # ---- value, entropy and KL losses -------------------------------------------------------------------

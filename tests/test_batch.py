@@ -37,7 +37,7 @@ def test_split_and_concat_round_trip():
 
 def test_concat_rejects_different_columns_or_widths():
     with pytest.raises(ValueError, match="same columns"):
-        RLBatch.concat([make(2), make(2).select("x")])
+        RLBatch.concat([make(2), RLBatch({"x": make(2)["x"]})])
     other = RLBatch({"x": torch.zeros(2, 5, dtype=torch.long), "m": torch.ones(2, 3)}, {"uid": ["a", "b"]})
     with pytest.raises(ValueError, match="different shapes"):
         RLBatch.concat([make(2), other])
@@ -51,16 +51,13 @@ def test_mismatched_batch_size_fails_with_the_column_name():
         b["names"] = ["a"] * 5
 
 
-def test_reorder_needs_a_permutation():
-    b = make(3)
-    assert b.reorder([2, 0, 1])["uid"] == ["u2", "u0", "u1"]
-    with pytest.raises(ValueError, match="permutation"):
-        b.reorder([0, 0, 1])
+def test_index_keeps_the_given_row_order():
+    assert make(3).index([2, 0, 1])["uid"] == ["u2", "u0", "u1"]
 
 
-def test_select_update_pop_and_to():
+def test_update_pop_and_to():
     b = make(2)
-    s = b.select("x", "uid")
+    s = RLBatch({"x": b["x"]}, {"uid": b["uid"]})
     assert sorted(s.keys()) == ["uid", "x"]
     s.update(RLBatch({"y": torch.ones(2)}))
     assert "y" in s and "y" not in b

@@ -130,7 +130,7 @@ def test_local_store_records_every_step_params_tags_and_config(tmp_path, capsys)
     run_dir = tmp_path / "runs" / "demo"
     run_dir.mkdir(parents=True)
     cfg = make_config(run_dir)
-    cfg.algorithm.params = {"long": "x" * 7000}
+    cfg.model.path = "x" * 7000
     written = {"config": cfg.to_dict(), "plugins": {"nanoverl": "0.1.0", "nanoverl-grpo": "0.1.0"}}
     (run_dir / "config.json").write_text(json.dumps(written))
 
@@ -157,7 +157,7 @@ def test_local_store_records_every_step_params_tags_and_config(tmp_path, capsys)
     assert params["actor.lr"] == "1e-06" and params["trainer.total_steps"] == "100"
     assert params["tracking.trackers"] == '["console", "jsonl", "mlflow"]'
     assert params["actor.betas"] == "[0.9, 0.999]"
-    assert len(params["algorithm.params.long"]) <= 6000 and params["algorithm.params.long"].endswith("(truncated)")
+    assert len(params["model.path"]) <= 6000 and params["model.path"].endswith("(truncated)")
 
     tags = run.data.tags
     assert tags["nanoverl.checkpoint_dir"] == str(run_dir.resolve() / "checkpoints")

@@ -56,7 +56,7 @@ def test_guide_maps_every_hook_to_its_registry_kind():
 
 
 def test_guide_and_hookspecs_state_the_same_register_signature():
-    line = 'register(name: str, obj, *, description: str = "") -> None'
+    line = 'register(name: str, obj, *, description: str = "", settings=None) -> None'
     assert line in hookspecs.__doc__ and line in GUIDE.read_text()
 
 
@@ -83,7 +83,9 @@ def test_guide_plugin_is_listed_with_its_version_hook_and_name(guide_plugin):
     listed = {p["dist"]: p for p in json.loads(proc.stdout)}
     assert listed["nanoverl-prefix-reward"] == {
         "dist": "nanoverl-prefix-reward", "version": "0.1.0", "module": "nanoverl_prefix_reward.plugin",
-        "hooks": ["register_rewards"], "names": {"reward": ["prefix_match"]}, "error": ""}
+        "hooks": ["register_rewards"], "names": {"reward": ["prefix_match"]},
+        "descriptions": {"reward": {"prefix_match": "share of the target matched before the first wrong character"}},
+        "error": ""}
 
 
 def test_guide_plugin_own_tests_pass_as_written(guide_plugin):

@@ -101,7 +101,7 @@ elif point == "save-half-written": # the actor is in the temporary folder, the c
 elif point == "before-rename":     # the temporary folder is complete and synced, not yet renamed into place
     after(checkpoint, "_fsync_tree")
 elif point == "after-rename":      # the new step_<N> is in place, the old ones not yet pruned
-    before(checkpoint, "complete_checkpoints")
+    before(checkpoint, "_remove")
 elif point == "mid-prune":         # an old checkpoint is half deleted
     rmtree = shutil.rmtree
     def partial_rmtree(path, *args, **kwargs):

@@ -29,7 +29,8 @@ def test_ppo_with_critic_learns_the_copy_task(tmp_path):
 
 
 def test_run_directory_follows_the_contract(tmp_path):
-    proc = run_cli("--config", REINFORCE, QUIET, "trainer.total_steps=4", "trainer.val_every=2",
+    # two PPO epochs: the second sees ratios away from 1, so the clip metrics mean something
+    proc = run_cli("--config", REINFORCE, QUIET, "trainer.total_steps=4", "trainer.val_every=2", "actor.ppo_epochs=2",
                    "trainer.save_every=1", "trainer.keep_checkpoints=2", f"trainer.output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     config = json.loads((tmp_path / "config.json").read_text())
@@ -44,6 +45,17 @@ def test_run_directory_follows_the_contract(tmp_path):
     samples = [json.loads(x) for x in (tmp_path / "rollouts" / "step_3.jsonl").read_text().splitlines()]
     assert len(samples) == 8 and set(samples[0]) == {"uid", "prompt", "response", "score", "advantage"}
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000003", "step_000004"]
+
+
+def test_a_single_on_policy_update_logs_no_clip_metrics(tmp_path):
+    """One epoch, one mini-batch, no reference: every ratio is exactly 1, so the clip fractions and
+    ppo_kl are 0 by construction and are not logged; old log-probs come from the update's forward."""
+    proc = run_cli("--config", REINFORCE, QUIET, "trainer.total_steps=2", "trainer.val_every=0",
+                   f"trainer.output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    row = read_metrics(tmp_path)[-1]
+    assert "actor/pg_loss" in row and row["timing/old_log_probs"] < 1e-3
+    assert not {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"} & set(row)
 
 
 def test_resume_continues_identically(tmp_path):

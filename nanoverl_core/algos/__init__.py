@@ -6,16 +6,19 @@ Every function documents the shape and meaning of each tensor; numbers agree wit
 
 from .advantages import (compute_gae_advantage_return, compute_reinforce_plus_plus_outcome_advantage, gae,
                          reinforce_plus_plus)
-from .groups import filter_uniform_groups, uniform_groups
+from .groups import Groups, filter_uniform_groups, uniform_groups
 from .kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_penalty, make_kl_controller
-from .losses import (LOSS_AGG_MODES, agg_loss, compute_entropy_loss, compute_kl_loss, compute_policy_loss,
-                     compute_value_loss, loss_totals)
+from .losses import (LOSS_AGG_MODES, PolicyLossInputs, agg_loss, compute_actor_loss, compute_entropy_loss,
+                     compute_kl_loss, compute_policy_loss_gspo, compute_policy_loss_vanilla, compute_value_loss,
+                     loss_totals, token_mean_share)
 from .utils import entropy_from_logits, logprobs_from_logits, masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
-    "AdaptiveKLController", "FixedKLController", "LOSS_AGG_MODES", "agg_loss", "apply_kl_penalty",
-    "compute_entropy_loss", "compute_gae_advantage_return", "compute_kl_loss", "compute_policy_loss",
+    "AdaptiveKLController", "FixedKLController", "Groups", "LOSS_AGG_MODES", "PolicyLossInputs", "agg_loss",
+    "apply_kl_penalty", "compute_actor_loss", "compute_entropy_loss", "compute_gae_advantage_return",
+    "compute_kl_loss", "compute_policy_loss_gspo", "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_outcome_advantage", "compute_value_loss", "entropy_from_logits",
     "filter_uniform_groups", "gae", "kl_penalty", "logprobs_from_logits", "loss_totals", "make_kl_controller",
-    "masked_mean", "masked_sum", "masked_var", "masked_whiten", "reinforce_plus_plus", "uniform_groups",
+    "masked_mean", "masked_sum", "masked_var", "masked_whiten", "reinforce_plus_plus", "token_mean_share",
+    "uniform_groups",
 ]

@@ -16,6 +16,49 @@ if TYPE_CHECKING:
     from ..batch import RLBatch
 
 
+class Groups:
+    """Rows grouped by uid. index: (B,) group of each row (0..G-1, by first appearance); size: (G,).
+
+    uids: B hashable group ids (any order; rows of one group need not be adjacent).
+    """
+
+    def __init__(self, uids: Sequence[Hashable], device: torch.device | str = "cpu"):
+        first_seen: dict[Hashable, int] = {}
+        self.index = torch.tensor([first_seen.setdefault(u, len(first_seen)) for u in uids],
+                                  dtype=torch.long, device=device)
+        self.num = len(first_seen)
+        self.size = torch.bincount(self.index, minlength=self.num)  # (G,)
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (G,) sum over each group's rows."""
+        return torch.zeros(self.num, dtype=x.dtype, device=x.device).index_add(0, self.index, x)
+
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (G,) mean over each group's rows."""
+        return self.sum(x) / self.size.to(x.dtype)
+
+    def std(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (G,) unbiased std over each group's rows (0 for a group of one)."""
+        dev = x - self.mean(x)[self.index]
+        return (self.sum(dev * dev) / (self.size - 1).clamp(min=1).to(x.dtype)).sqrt()
+
+    def same_value(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (B,) bool: every row of the row's group holds exactly the same value (a group of one does)."""
+        lo = torch.full((self.num,), float("inf"), dtype=x.dtype, device=x.device)
+        hi = torch.full((self.num,), float("-inf"), dtype=x.dtype, device=x.device)
+        lo = lo.scatter_reduce(0, self.index, x, reduce="amin")
+        hi = hi.scatter_reduce(0, self.index, x, reduce="amax")
+        return (lo == hi)[self.index]
+
+    def all_equal(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,) -> (B,) bool: the row's group has two or more rows, all with the same value."""
+        return self.same_value(x) & ~self.singleton()
+
+    def singleton(self) -> torch.Tensor:
+        """(B,) bool: the row is alone in its group."""
+        return self.size[self.index] == 1
+
+
 def uniform_groups(scores: torch.Tensor, uids: Sequence[Hashable]) -> torch.Tensor:
     """Which rows belong to a group whose scores are all exactly equal.
 
@@ -25,15 +68,7 @@ def uniform_groups(scores: torch.Tensor, uids: Sequence[Hashable]) -> torch.Tens
     """
     if len(uids) != scores.shape[0]:
         raise ValueError(f"uniform_groups got {scores.shape[0]} scores but {len(uids)} uids")
-    group_of: dict[Hashable, int] = {}
-    gid = torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], dtype=torch.long,
-                       device=scores.device)  # (B,) group index 0..G-1
-    num_groups = len(group_of)
-    lo = torch.full((num_groups,), float("inf"), dtype=scores.dtype, device=scores.device)
-    hi = torch.full((num_groups,), float("-inf"), dtype=scores.dtype, device=scores.device)
-    lo = lo.scatter_reduce(0, gid, scores, reduce="amin")
-    hi = hi.scatter_reduce(0, gid, scores, reduce="amax")
-    return (lo == hi)[gid]
+    return Groups(uids, scores.device).same_value(scores)
 
 
 def filter_uniform_groups(batch: RLBatch, scores: torch.Tensor) -> tuple[RLBatch, int]:

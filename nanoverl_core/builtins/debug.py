@@ -19,6 +19,7 @@ from ..config import Config
 from ..errors import DataError
 from ..rollout import SamplingParams, responses_to_batch
 from ..workers import NonFiniteError, TorchActor, TorchCritic, Workers, resolve_device
+from .debug_settings import DebugModelSettings
 
 
 class CharTokenizer:
@@ -135,11 +136,14 @@ class DebugRollout:
         """Nothing to copy: generation runs on the actor's own module."""
         assert self.module is actor.module
 
+    def close(self) -> None:
+        """Nothing to free: the module is the actor's."""
+
 
 def make_workers(config: Config) -> Workers:
     tokenizer = CharTokenizer()
     device = resolve_device(config.trainer.device)
-    m = config.model
+    m = config.worker.settings or DebugModelSettings()
     vocab = m.vocab_size or tokenizer.vocab_size
     torch.manual_seed(config.trainer.seed)
     policy = TinyCausalLM(vocab, m.hidden_size, m.num_layers).to(device)

@@ -12,7 +12,8 @@ def register_rollouts(register):
 
 @hookimpl
 def register_workers(register):
-    register("debug", f"{_HERE}.debug:make_workers", description="tiny pure-torch transformer over a character vocabulary")
+    register("debug", f"{_HERE}.debug:make_workers", settings=f"{_HERE}.debug_settings:DebugModelSettings",
+             description="tiny pure-torch transformer over a character vocabulary ([worker.debug] sizes)")
 
 
 @hookimpl
@@ -33,3 +34,10 @@ def register_trackers(register):
     register("console", f"{_HERE}.trackers:ConsoleTracker", description="progress bar or one log line per step")
     register("jsonl", f"{_HERE}.trackers:JsonlTracker", description="metrics.jsonl in the run directory")
     register("mlflow", f"{_HERE}.mlflow_tracker:make_tracker", description="MLflow tracking store (nanoverl[mlflow])")
+
+
+@hookimpl
+def register_policy_losses(register):
+    losses = "nanoverl_core.algos.losses"
+    register("vanilla", f"{losses}:vanilla", description="token-level PPO clip with clip-higher and dual clip")
+    register("gspo", f"{losses}:gspo", description="sequence-level ratio, the geometric mean of token ratios (GSPO)")

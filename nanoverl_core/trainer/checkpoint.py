@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointMismatch
 from .dist import barrier, is_distributed, is_rank0
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -46,6 +46,25 @@ def clean_partial(root: Path) -> None:
     if root.is_dir() and is_rank0():
         for p in root.glob(".tmp-*"):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def find_resume(mode: str, root: Path) -> Path | None:
+    """The checkpoint `trainer.resume` names: "auto" the newest complete one (None if there is none),
+    "never" none (an error if the run directory already holds checkpoints), else that folder."""
+    clean_partial(root)
+    existing = complete_checkpoints(root)
+    if mode == "never":
+        if existing:
+            raise CheckpointError(f"trainer.output_dir {root.parent} already holds checkpoints of an earlier run; "
+                                  "use trainer.resume=auto to continue it, or pick another trainer.output_dir")
+        return None
+    if mode == "auto":
+        return existing[-1] if existing else None
+    path = Path(mode)
+    if not path.is_dir():
+        raise CheckpointError(f"trainer.resume = {mode!r} is not a folder; use auto, never or a checkpoint path")
+    set_aside_newer(root, path)  # so pruning and a later resume=auto never mix the two timelines
+    return path
 
 
 def set_aside_newer(root: Path, resume_from: Path) -> None:
@@ -122,8 +141,8 @@ def save_checkpoint(root: Path, step: int, workers, state: dict[str, Any], keep:
             for old in complete_checkpoints(root)[:-keep]:
                 _remove(old)
         barrier()
-    # a full disk surfaces as OSError from Python, SafetensorError from safetensors, RuntimeError from torch.save
-    except (OSError, SafetensorError, RuntimeError) as exc:
+    # a full disk surfaces as OSError (from Python, and from torch.save via workers.save_tensors) or SafetensorError
+    except (OSError, SafetensorError) as exc:
         if is_rank0():
             shutil.rmtree(tmp, ignore_errors=True)
         previous = [p.name for p in complete_checkpoints(root)]
@@ -191,15 +210,16 @@ def load_checkpoint(path: Path, workers) -> dict[str, Any]:
         if workers.critic is not None:
             workers.critic.load(path / "critic")
         state = json.loads((path / "state.json").read_text())
-        set_rng_state(state.pop("rng"), load_file(str(path / "rng.safetensors")))
+        rng = load_file(str(path / "rng.safetensors"))
     except pickle.UnpicklingError:  # weights_only torch.load met a pickled object that is not plain tensor data
         raise CheckpointError(f"trainer.resume: checkpoint {path} holds pickled Python objects besides tensors, "
                               "which nanoverl never loads (unpickling can run arbitrary code); it was not written "
                               "by nanoverl or was tampered with; resume from another checkpoint or delete it") from None
-    # a truncated or foreign file, or a config that does not match the checkpoint
-    except (SafetensorError, OSError, RuntimeError, ValueError, KeyError, EOFError) as exc:
+    # a truncated or foreign file (what the disk and the formats raise), or files that do not fit this config
+    except (SafetensorError, OSError, EOFError, json.JSONDecodeError, CheckpointMismatch) as exc:
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         raise CheckpointError(f"trainer.resume: checkpoint {path} cannot be loaded ({detail}); it is damaged, was "
                               "not written by nanoverl, or does not match this config; resume from another "
                               "checkpoint (trainer.resume=PATH) or delete it") from None
+    set_rng_state(state.pop("rng"), rng)
     return state

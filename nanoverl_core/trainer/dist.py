@@ -47,25 +47,52 @@ def barrier() -> None:
         dist.barrier()
 
 
-def init_distributed(device: str = "auto") -> None:
-    """Join torchrun's process group, once; a no-op in a single process.
+def init_distributed(device: str = "auto", *, world_of_one: bool = False) -> None:
+    """Join torchrun's process group, once; in a single process a no-op, or (`world_of_one`, for a
+    backend that needs a group, such as FSDP) a group of one rank.
 
     CPU runs use gloo. GPU runs pin this rank to cuda:LOCAL_RANK and use NCCL for CUDA tensors and
     gloo for CPU tensors (the "cpu:gloo,cuda:nccl" backend), so small CPU-side collectives (the
-    rollout gather, metrics) need no device copies. `device` is trainer.device: "cpu" forces gloo.
+    rollout gather, metrics) need no device copies. `device` is trainer.device or a device type:
+    "cpu" forces gloo.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    single = int(os.environ.get("WORLD_SIZE", "1")) <= 1
+    if single and not world_of_one:
         return
     import torch
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
-    if device != "cpu" and torch.cuda.is_available():
+    cuda = device != "cpu" and torch.cuda.is_available()
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    if single:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return
+    if cuda:
         torch.cuda.set_device(local_rank())
-        dist.init_process_group("cpu:gloo,cuda:nccl")
-    else:
-        dist.init_process_group("gloo")
+    dist.init_process_group(backend)
+
+
+def rank_rows(num_rows: int) -> tuple[list[int], int]:
+    """(the row indices this rank works on, how many of them are real): rank r of `world` owns rows
+    [r * share, (r + 1) * share) with share = ceil(num_rows / world). A short share is filled with
+    copies of the last row, so every rank runs the same number of passes (each FSDP pass is a
+    collective); callers drop the fill rows from outputs and mask them out of losses."""
+    world, me = world_size(), rank()
+    share = -(-num_rows // world)
+    rows = list(range(me * share, min(num_rows, (me + 1) * share)))
+    real = len(rows)
+    return rows + [num_rows - 1] * (share - real), real
+
+
+def fork_rng():
+    """torch.random.fork_rng over the CPU and every CUDA device, so re-seeding inside the block (which
+    seeds all devices) leaves every generator outside it as it was."""
+    import torch
+
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    return torch.random.fork_rng(devices=devices)
 
 
 def close_distributed() -> None:
@@ -77,10 +104,10 @@ def close_distributed() -> None:
 def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...]):
     """`generate(rows) -> RLBatch` run on this rank's contiguous share of `batch`; returns all rows.
 
-    One process: plain `generate(batch)`. Under torchrun, rank r samples rows
-    [r * share, (r + 1) * share) with share = ceil(B / world) (the last ranks pad with copies of the
-    last row, dropped again, so an engine never sees an empty batch), under a torch RNG forked and
-    seeded from (*seed, rank); the trainer passes (trainer.seed, step). So ranks draw independent
+    One process: plain `generate(batch)`. Under torchrun, rank r samples its `rank_rows` (the last
+    ranks pad with copies of the last row, dropped again, so an engine never sees an empty batch),
+    under a torch RNG forked and seeded from (*seed, rank); the trainer passes (trainer.seed, step).
+    So ranks draw independent
     samples, and the trainer's own RNG stream stays the same on every rank, which keeps rank 0's
     checkpointed RNG state valid for all ranks (exact resume). The per-rank outputs are gathered and
     right-padded to one width (`responses` with pad_token_id, other 2-D columns with 0), in row order.
@@ -92,16 +119,11 @@ def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...]):
 
     from ..batch import RLBatch
 
-    world, me = world_size(), rank()
-    share = -(-len(batch) // world)
-    rows = list(range(me * share, min(len(batch), (me + 1) * share)))
-    real = len(rows)
-    rows += [len(batch) - 1] * (share - real)
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(hash((*seed, me)) & 0x7FFF_FFFF_FFFF_FFFF)  # int tuples hash alike in every process
+    rows, real = rank_rows(len(batch))
+    with fork_rng():
+        torch.manual_seed(hash((*seed, rank())) & 0x7FFF_FFFF_FFFF_FFFF)  # int tuples hash alike in every process
         out = generate(batch.index(rows)).to("cpu").index(slice(0, real))
-    parts: list = [None] * world
+    parts: list = [None] * world_size()
     dist.all_gather_object(parts, out)
     for key in [k for k, v in out.tensors.items() if v.dim() == 2]:  # (rows, R): R differs between ranks
         width = max(part[key].shape[1] for part in parts)

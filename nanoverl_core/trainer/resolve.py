@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import Config
+from ..config import Config, component_settings
 from ..errors import ConfigError
 from ..plugins import Registry
 from ..reward import RewardScorer
@@ -14,14 +14,17 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     """The objects the run uses (worker and rollout factories imported only if `import_backends`)."""
     registry.check_imports()
     for kind, name, key in (("worker", config.worker.name, "worker.name"),
-                            ("rollout", config.rollout.name, "rollout.name")):
+                            ("rollout", config.rollout.name, "rollout.name"),
+                            ("policy_loss", config.actor.policy_loss, "actor.policy_loss")):
         registry.entry(kind, name, key)
+    component_settings(config, registry)  # defaults for a config built in code; a loaded one keeps its own
     estimator = registry.get("advantage_estimator", config.algorithm.advantage_estimator,
                              key="algorithm.advantage_estimator")
     if getattr(estimator, "requires_critic", False) and not config.critic.enable:
         raise ConfigError(f"algorithm.advantage_estimator = {config.algorithm.advantage_estimator!r} needs a critic; "
                           "set critic.enable = true, or pick an estimator without one (e.g. grpo)")
     resolved = {"estimator": estimator, "reward": RewardScorer(config.reward, registry),
+                "policy_loss": registry.get("policy_loss", config.actor.policy_loss, key="actor.policy_loss"),
                 "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
     if import_backends:
         resolved["worker"] = registry.get("worker", config.worker.name, key="worker.name")
@@ -33,7 +36,7 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
     """What --dry-run prints: the resolved config and which distribution provides each chosen name."""
     resolve_plugins(config, registry, import_backends=False)
     chosen = [("worker", config.worker.name), ("rollout", config.rollout.name),
-              ("advantage_estimator", config.algorithm.advantage_estimator)]
+              ("advantage_estimator", config.algorithm.advantage_estimator), ("policy_loss", config.actor.policy_loss)]
     if not config.reward.file:
         chosen.append(("reward", config.reward.name))
     chosen += [("tracker", name) for name in config.tracking.trackers]

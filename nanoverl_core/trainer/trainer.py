@@ -7,8 +7,9 @@
     5. old log-probs                     11. log, validate, checkpoint
     6. reference log-probs and values
 
-Each stage is one named call, timed into ``timing/<stage>``. Everything the step needs (workers,
-rollout, reward, estimator, trackers) is resolved from the registry before the first model loads.
+Each stage is one named call, timed into ``timing/<stage>``, that returns what it adds to the batch;
+the step assigns it. Everything the step needs (workers, rollout, reward, estimator, policy loss,
+trackers) is resolved from the registry before the first model loads.
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ from ..algos import apply_kl_penalty, filter_uniform_groups, kl_penalty, make_kl
 from ..batch import RLBatch
 from ..config import Config
 from ..data import StatefulSampler, collate, load_prompts
-from ..errors import CheckpointError
 from ..plugins import Registry
 from ..reward import place_scores
 from ..rollout import SamplingParams
 from ..workers import NonFiniteError
-from .checkpoint import (checkpoint_root, clean_partial, complete_checkpoints, load_checkpoint, read_tracker_states,
-                         save_checkpoint, set_aside_newer)
+from .checkpoint import checkpoint_root, find_resume, load_checkpoint, read_tracker_states, save_checkpoint
 from .dist import is_rank0, shard_rollout
 from .resolve import resolve_plugins
 from .validation import validate
@@ -46,13 +45,13 @@ class Trainer:
         self.config = cfg = config
         self.run_dir = Path(cfg.trainer.output_dir)
         plugins = resolve_plugins(cfg, registry)
-        self.estimator, self.reward = plugins["estimator"], plugins["reward"]
+        self.estimator, self.reward, self.policy_loss = plugins["estimator"], plugins["reward"], plugins["policy_loss"]
         seed_everything(cfg.trainer.seed)
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
 
         # Trackers first: a tracking store that cannot be reached fails before any model loads.
-        resume_from = self._find_resume()
+        resume_from = find_resume(cfg.trainer.resume, checkpoint_root(self.run_dir))
         tracker_states = read_tracker_states(resume_from) if resume_from else {}
         self.trackers = {}
         if is_rank0():
@@ -62,6 +61,8 @@ class Trainer:
         try:
             self._build(plugins, resume_from)
         except BaseException:
+            if getattr(self, "rollout", None) is not None:  # built before the failing part (data, resume)
+                self.rollout.close()
             self._tracker_call("close", False)
             raise
 
@@ -78,8 +79,8 @@ class Trainer:
         # One on-policy optimizer step per batch: pi_old *is* the policy being updated, so the update
         # takes its old log-probs from its own forward pass (detached) and step 5 costs nothing.
         # A reference policy keeps the separate pass (its KL reads the old log-probs before the update).
-        self.old_log_probs_from_update = (cfg.actor.ppo_epochs == 1 and self.workers.reference is None
-                                          and cfg.actor_mini_batch_size == cfg.data.batch_size)
+        self.on_policy = (cfg.actor.ppo_epochs == 1 and self.workers.reference is None
+                          and cfg.actor_mini_batch_size == cfg.data.batch_size)
         self.step = 0
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.workers)
@@ -90,23 +91,6 @@ class Trainer:
             print(f"resumed from {resume_from} (step {self.step})", file=sys.stderr)
 
     # ---- setup helpers ---------------------------------------------------------------------------
-    def _find_resume(self) -> Path | None:
-        mode, root = self.config.trainer.resume, checkpoint_root(self.run_dir)
-        clean_partial(root)
-        existing = complete_checkpoints(root)
-        if mode == "never":
-            if existing:
-                raise CheckpointError(f"trainer.output_dir {self.run_dir} already holds checkpoints of an earlier run; "
-                                      "use trainer.resume=auto to continue it, or pick another trainer.output_dir")
-            return None
-        if mode == "auto":
-            return existing[-1] if existing else None
-        path = Path(mode)
-        if not path.is_dir():
-            raise CheckpointError(f"trainer.resume = {mode!r} is not a folder; use auto, never or a checkpoint path")
-        set_aside_newer(root, path)  # so pruning and a later resume=auto never mix the two timelines
-        return path
-
     def _write_run_config(self, registry: Registry) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.run_dir / "config.json.tmp"
@@ -131,46 +115,50 @@ class Trainer:
                     self.save()
             success = True
         finally:
+            self.rollout.close()
             self._tracker_call("close", success)
         return metrics
 
     def train_step(self) -> dict[str, float]:
         cfg, timing, metrics = self.config, {}, {}
+        actor, reference, critic = self.workers.actor, self.workers.reference, self.workers.critic
         with timed(timing, "step"):
             with timed(timing, "data"):
-                batch = self.next_batch()                                   # 1. prompts
-                batch = expand(batch, cfg.rollout.n)                        # 2. n samples per prompt
+                batch = expand(self.next_batch(), cfg.rollout.n)                 # 1-2. prompts, n samples each
             with timed(timing, "rollout"):
-                batch.update(self.generate(batch))                          # 3. responses
+                batch.update(self.generate(batch))                              # 3. responses
             with timed(timing, "reward"):
-                scores, reward_metrics = self.score(batch)                  # 4. sequence scores
+                scored, reward_metrics = self.score(batch)                      # 4. sequence scores
+                batch.update(scored)
                 metrics.update(reward_metrics)
             if cfg.algorithm.filter_groups:
-                batch, dropped = filter_uniform_groups(batch, scores)
+                batch, dropped = filter_uniform_groups(batch, batch["score"])
                 metrics["rollout/filtered_groups"] = float(dropped)
                 if len(batch) == 0:
                     print(f"warning: step {self.step}: every group had equal rewards; no update", file=sys.stderr)
                     return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
-            with timed(timing, "old_log_probs"):
-                if not self.old_log_probs_from_update:
-                    batch["old_log_probs"] = self.workers.actor.compute_log_probs(batch)   # 5.
-            if self.workers.reference is not None:
+            with timed(timing, "old_log_probs"):                              # 5. (~0 s when on-policy:
+                if not self.on_policy:                                          #    the update's own forward)
+                    batch["old_log_probs"] = actor.compute_log_probs(batch)
+            if reference is not None:
                 with timed(timing, "ref_log_probs"):
-                    batch["ref_log_probs"] = self.workers.reference.compute_log_probs(batch)  # 6.
-            if self.workers.critic is not None:
+                    batch["ref_log_probs"] = reference.compute_log_probs(batch)  # 6.
+            if critic is not None:
                 with timed(timing, "values"):
-                    batch["values"] = self.workers.critic.compute_values(batch)
+                    batch["values"] = critic.compute_values(batch)
             with timed(timing, "advantages"):
-                metrics.update(self.compute_advantages(batch))              # 7.
+                advantages, adv_metrics = self.compute_advantages(batch)        # 7.
+                batch.update(advantages)
+                metrics.update(adv_metrics)
             try:
-                if self.workers.critic is not None:
+                if critic is not None:
                     with timed(timing, "critic_update"):
-                        metrics.update(self.workers.critic.update(batch))   # 8.
+                        metrics.update(critic.update(batch))                    # 8.
                 if self.step > cfg.trainer.critic_warmup:
                     with timed(timing, "actor_update"):
-                        metrics.update(self.workers.actor.update(batch))    # 9.
+                        metrics.update(actor.update(batch, self.policy_loss, on_policy=self.on_policy))  # 9.
                     with timed(timing, "weight_sync"):
-                        self.rollout.sync_weights(self.workers.actor)       # 10.
+                        self.rollout.sync_weights(actor)                        # 10.
             except NonFiniteError as exc:
                 if cfg.trainer.on_nonfinite == "stop":
                     raise NonFiniteError(f"step {self.step}: {exc}; stopped (trainer.on_nonfinite=stop), the newest "
@@ -178,7 +166,7 @@ class Trainer:
                                          "resume, or set trainer.on_nonfinite=skip to drop such updates") from None
                 print(f"warning: step {self.step}: {exc}; skipped (trainer.on_nonfinite=skip)", file=sys.stderr)
                 metrics["actor/skipped_updates"] = 1.0
-        metrics.update(batch_metrics(batch, timing))                        # 11. (logged by fit)
+        metrics.update(batch_metrics(batch, timing))                            # 11. (logged by fit)
         self.write_rollouts(batch)
         return metrics
 
@@ -198,36 +186,35 @@ class Trainer:
         return SamplingParams(max_new_tokens=r.max_new_tokens, top_p=r.top_p, top_k=r.top_k,
                               temperature=r.val_temperature if validation else r.temperature)
 
-    def score(self, batch: RLBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Decode responses, score them, put each score on its last response token."""
+    def score(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
+        """Decode responses and score them: response_text, score (B,) and token_level_scores (B, R),
+        each score on its row's last response token."""
         lengths = batch["response_mask"].sum(-1).int().tolist()                # the mask is a prefix of each row
         rows = [ids[:n] for ids, n in zip(batch["responses"].tolist(), lengths)]
         batch_decode = getattr(self.tokenizer, "batch_decode", None)             # one call for the batch (HF)
         texts = batch_decode(rows, skip_special_tokens=True) if batch_decode else \
             [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in rows]
         scores, metrics = self.reward.score(batch, texts)
-        batch["response_text"] = texts
-        batch["score"] = scores
-        batch["token_level_scores"] = place_scores(scores, batch["response_mask"])
         metrics["reward/mean"] = float(scores.mean())
         metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        return scores, metrics
+        scored = RLBatch({"score": scores, "token_level_scores": place_scores(scores, batch["response_mask"])},
+                         {"response_text": texts})
+        return scored, metrics
 
-    def compute_advantages(self, batch: RLBatch) -> dict[str, float]:
+    def compute_advantages(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
+        """token_level_rewards (scores minus the in-reward KL, if on), advantages and returns (B, R)."""
         alg, metrics = self.config.algorithm, {}
+        rewards = batch["token_level_scores"]
         if alg.use_kl_in_reward:
-            batch["token_level_rewards"], metrics = apply_kl_penalty(
-                batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_probs"],
-                batch["response_mask"], self.kl_ctrl, alg.kl_penalty)
-        else:
-            batch["token_level_rewards"] = batch["token_level_scores"]
+            rewards, metrics = apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_probs"],
+                                                batch["response_mask"], self.kl_ctrl, alg.kl_penalty)
         if "ref_log_probs" in batch:
             kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], "k1")
             metrics["actor/ref_kl"] = float(masked_mean(kl, batch["response_mask"]))
-        advantages, returns = self.estimator(batch, alg)
-        batch["advantages"], batch["returns"] = advantages, returns
+        with_rewards = RLBatch({**batch.tensors, "token_level_rewards": rewards}, batch.non_tensors)
+        advantages, returns = self.estimator(with_rewards, alg)
         metrics["advantages/mean"] = float(masked_mean(advantages, batch["response_mask"]))
-        return metrics
+        return RLBatch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}), metrics
 
     # ---- outputs -------------------------------------------------------------------------------------
     def _tracker_call(self, method: str, *args) -> None:

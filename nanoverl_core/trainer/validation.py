@@ -7,19 +7,21 @@ from collections import defaultdict
 import torch
 
 from ..data import collate
+from .dist import fork_rng
 
 
 @torch.no_grad()
 def validate(trainer) -> dict[str, float]:
     """val/reward/mean (mean@n), val/reward/best@n, and val/<data_source>/reward/mean.
 
-    Runs under a forked RNG, so validating does not change the training trajectory.
+    Runs under a forked RNG (the CPU's and every CUDA device's, since re-seeding seeds them all),
+    so validating does not change the training trajectory.
     """
     cfg, data = trainer.config, trainer.val_data
     n = cfg.rollout.val_n
     by_source: dict[str, list[float]] = defaultdict(list)
     means, bests, samples = [], [], []
-    with torch.random.fork_rng(devices=[]):
+    with fork_rng():
         torch.manual_seed(cfg.trainer.seed + trainer.step)
         for start in range(0, len(data), cfg.data.val_batch_size):
             indices = list(range(start, min(start + cfg.data.val_batch_size, len(data))))
@@ -27,7 +29,9 @@ def validate(trainer) -> dict[str, float]:
             batch["uid"] = [f"val-{i}" for i in indices]
             batch = batch.repeat_interleave(n)
             batch.update(trainer.rollout.generate(batch, trainer.sampling(validation=True)))
-            scores, _ = trainer.score(batch)
+            scored, _ = trainer.score(batch)
+            batch.update(scored)
+            scores = scored["score"]
             per_prompt = scores.view(-1, n)  # (prompts, n)
             means += per_prompt.mean(1).tolist()
             bests += per_prompt.max(1).values.tolist()

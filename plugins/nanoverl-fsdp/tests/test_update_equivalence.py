@@ -13,6 +13,8 @@ import sys
 
 import pytest
 import torch
+
+from nanoverl_core.testing import check_actor
 from conftest import HERE, run, torchrun
 
 sys.path.insert(0, str(HERE))
@@ -94,9 +96,11 @@ def test_without_torchrun_the_fsdp_worker_is_a_world_of_one_with_the_same_update
         torch.manual_seed(0)
         one = update_driver.run("fsdp", tiny_model)               # no torchrun: a process group of one
         assert dist.get_world_size() == 1
-        actor = make_workers(update_driver.make_config("fsdp", tiny_model)).actor
+        workers = make_workers(update_driver.make_config("fsdp", tiny_model))
+        actor = workers.actor
         with pytest.raises(ValueError, match="saved by 2 ranks; resume it on 2 ranks, not 1"):
             actor.load(tmp / "checkpoint" / "actor")               # shards resume on their own world size only
+        check_actor(actor, update_driver.fixed_batch(workers.tokenizer))   # the core's Actor contract, sharded
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

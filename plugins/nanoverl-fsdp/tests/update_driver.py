@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from nanoverl_core import RLBatch, load_config
+from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.trainer.dist import close_distributed
 
 ROWS_PER_PROMPT = 4
@@ -68,9 +69,9 @@ def fixed_batch(tokenizer, prompts: int = 4, seed: int = 1) -> RLBatch:
 
 
 def full_params(worker) -> dict[str, torch.Tensor]:
-    if hasattr(worker, "full_state_dict"):
-        return worker.full_state_dict()
-    return {k: v.detach().clone() for k, v in worker.module.state_dict().items()}
+    """Every full tensor on the CPU (a collective under torchrun: every rank calls it)."""
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone()
+            for k, v in worker.module.state_dict().items()}
 
 
 def run(worker: str, model: Path, ckpt: Path | None = None) -> dict:
@@ -89,11 +90,11 @@ def run(worker: str, model: Path, ckpt: Path | None = None) -> dict:
     batch["values"] = workers.critic.compute_values(batch)
     out.update(log_probs=log_probs, ref_log_probs=batch["ref_log_probs"], values=batch["values"])
     out["critic_metrics"] = workers.critic.update(batch)
-    out["actor_metrics"] = workers.actor.update(batch)
+    out["actor_metrics"] = workers.actor.update(batch, vanilla)
     # 7 rows: 4 + 3 across two ranks, so the second rank pads its share with a masked fill row
     odd = batch.index(list(range(7)))
     out["odd_log_probs"] = workers.actor.compute_log_probs(odd)
-    out["odd_actor_metrics"] = workers.actor.update(odd)
+    out["odd_actor_metrics"] = workers.actor.update(odd, vanilla)
     out["actor"], out["critic"] = full_params(workers.actor), full_params(workers.critic)
     if ckpt is not None:
         workers.actor.save(ckpt / "actor")

@@ -16,6 +16,8 @@ Group statistics: q1 mean 1/3, unbiased std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sq
 q2 mean 1, std sqrt((1 + 1) / 1) = sqrt(2). Scores are the sum of the row's token rewards.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -25,6 +27,15 @@ from nanoverl_grpo import estimators
 from nanoverl_grpo.estimators import (compute_grpo_advantages, compute_grpo_passk_advantages,
                                       compute_opo_advantages, compute_reinforce_plus_plus_baseline_advantages,
                                       compute_rloo_advantages)
+from nanoverl_grpo.settings import GroupNormSettings
+
+
+def grouped(**settings) -> AlgorithmConfig:
+    """The [algorithm] section with [algorithm.grpo] (or grpo_passk) settings, as a loaded config has it."""
+    config = AlgorithmConfig()
+    config.settings = GroupNormSettings(**settings)
+    return config
+
 
 UIDS = ["q2", "q1", "q3", "q1", "q2", "q5", "q1", "q5"]
 LENGTHS = torch.tensor([3, 1, 2, 3, 2, 1, 2, 3])
@@ -58,13 +69,13 @@ def test_grpo_normalises_by_group_std():
 
 def test_grpo_without_std_and_dr_grpo_subtract_the_group_mean_only():
     expected = [1.0, 2 / 3, 0.5, -1 / 3, -1.0, 0.0, -1 / 3, 0.0]  # score - group mean; q3 alone: score
-    check(estimators.grpo(batch(), AlgorithmConfig(norm_adv_by_std_in_grpo=False)), expected)
-    check(estimators.dr_grpo(batch(), AlgorithmConfig()), expected)  # ignores norm_adv_by_std_in_grpo
+    check(estimators.grpo(batch(), grouped(norm_by_std=False)), expected)
+    check(estimators.dr_grpo(batch(), AlgorithmConfig()), expected)  # never divides by the std
 
 
 def test_grpo_epsilon_comes_from_the_config():
     # q2 with epsilon 1: +-1 / (sqrt 2 + 1) = +-0.414214
-    adv, _ = estimators.grpo(batch([0, 4]), AlgorithmConfig(epsilon=1.0))
+    adv, _ = estimators.grpo(batch([0, 4]), grouped(epsilon=1.0))
     torch.testing.assert_close(adv[:, 0], torch.tensor([0.414214, -0.414214]), rtol=0, atol=1e-6)
 
 
@@ -102,7 +113,7 @@ def test_grpo_passk_reinforces_only_the_best_response():
     # q5: tie for the best -> 1 - 1 = 0 | every other row 0
     check(estimators.grpo_passk(batch(rows), AlgorithmConfig()),
           [1.414213, 1.732048, 0.0, 0.0, 0.0, 0.0, 0.0], mask=MASK[rows])
-    check(estimators.grpo_passk(batch(rows), AlgorithmConfig(norm_adv_by_std_in_grpo=False)),
+    check(estimators.grpo_passk(batch(rows), grouped(norm_by_std=False)),
           [2.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0], mask=MASK[rows])
 
 
@@ -147,7 +158,8 @@ def test_plugin_registers_every_estimator_lazily():
     pm.register(plugin, name="nanoverl-grpo")
     pm.check_pending()
     seen = {}
-    pm.hook.register_advantage_estimators(register=lambda name, obj, *, description="": seen.update({name: obj}))
+    pm.hook.register_advantage_estimators(register=lambda name, obj, *, description="", settings=None:
+                                          seen.update({name: obj}))
     assert set(seen) == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk"}
     for name, target in seen.items():
         assert isinstance(target, str), name  # lazy: imported only when selected
@@ -155,3 +167,16 @@ def test_plugin_registers_every_estimator_lazily():
         fn = getattr(importlib.import_module(module), attr)
         adv, ret = fn(batch([0, 1, 3, 4]), AlgorithmConfig())
         assert adv.shape == (4, 3) and torch.equal(adv, ret), name
+
+
+def test_group_settings_are_read_from_the_config_table_and_validated():
+    from nanoverl_core import ConfigError, load_config, load_registry
+
+    debug = Path(__file__).resolve().parents[3] / "examples" / "configs" / "debug_reinforce.toml"
+    cfg = load_config(debug, ["algorithm.advantage_estimator=grpo", "algorithm.grpo.norm_by_std=false"])
+    assert cfg.algorithm.settings == GroupNormSettings(norm_by_std=False)
+    assert load_registry().entry("advantage_estimator", "grpo").provider == "nanoverl-grpo"
+    with pytest.raises(ConfigError, match="config key 'algorithm.grpo.epsilon': 'epsilon' must be > 0"):
+        load_config(debug, ["algorithm.advantage_estimator=grpo", "algorithm.grpo.epsilon=0"])
+    with pytest.raises(ConfigError, match="takes no settings"):
+        load_config(debug, ["algorithm.advantage_estimator=rloo", "algorithm.rloo.epsilon=1"])

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from conftest import prompt_batch
 
 from nanoverl_core import SamplingParams
+from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.data import collate, load_prompts
 from nanoverl_hf.rollout import HFRollout, make_rollout
 from nanoverl_hf.workers import make_workers
@@ -140,7 +142,7 @@ def train_to_answer(workers, answer: list[int], steps: int = 15):
     batch["advantages"] = torch.ones(2, len(answer))
     for _ in range(steps):
         batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
-        workers.actor.update(batch)
+        workers.actor.update(batch, vanilla)
 
 
 def test_generation_uses_the_actors_updated_weights(tiny_dir, make_config, tmp_path):
@@ -197,3 +199,18 @@ def test_chat_prompts_render_through_the_tokenizers_template(chat_dir, make_conf
     for row in range(2):
         want = manual_greedy(workers.actor.module, ds.prompt_ids[row], 6, tok.eos_token_id)
         assert kept(out, row) == want
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_hf_rollout_and_worker_keep_the_core_contracts(tiny_dir, make_config, share):
+    """nanoverl_core.testing's checks: shapes and masks, seeding from torch's global generator, greedy
+    draws nothing, rows independent of their order; log-probs and full tensors of the actor."""
+    from nanoverl_core.testing import check_actor, check_rollout
+    from nanoverl_core.testing import prompt_batch as contract_batch
+
+    workers = make_workers(make_config(tiny_dir))
+    rollout = HFRollout(make_config(tiny_dir), workers, share=share)
+    batch = contract_batch(workers.tokenizer, ["12=", "3456=", "7="], n=2)
+    batch.update(check_rollout(rollout, batch, max_new_tokens=5))
+    check_actor(workers.actor, batch)
+    rollout.close()

@@ -7,6 +7,7 @@ import torch
 from conftest import prompt_batch, with_responses
 
 from nanoverl_core import ConfigError
+from nanoverl_core.algos.losses import vanilla
 from nanoverl_hf.workers import make_workers
 
 
@@ -118,7 +119,7 @@ def test_actor_checkpoint_round_trip_keeps_tied_embeddings(tiny_dir, make_config
     batch = with_responses(prompt_batch(tok, ["12=", "34="]), [[5, 6, 2], [7, 2]], tok.pad_token_id)
     batch["advantages"] = torch.tensor([[1.0, 1, 1], [-1, -1, 0]])
     batch["old_log_probs"] = actor.compute_log_probs(batch)
-    actor.update(batch)                                                             # optimizer state exists
+    actor.update(batch, vanilla)                                                             # optimizer state exists
     actor.save(tmp_path / "actor")
     fresh = make_workers(make_config(tiny_dir, "actor.lr=1e-2", "trainer.seed=5")).actor
     fresh.load(tmp_path / "actor")

@@ -18,6 +18,7 @@ pytest.importorskip("vllm")
 from conftest import kept, prompt_batch  # noqa: E402
 
 from nanoverl_core import ConfigError, SamplingParams  # noqa: E402
+from nanoverl_core.algos.losses import vanilla  # noqa: E402
 from nanoverl_hf.rollout import HFRollout  # noqa: E402
 from nanoverl_hf.workers import make_workers  # noqa: E402
 from nanoverl_vllm import engine as vllm_engine  # noqa: E402
@@ -78,7 +79,7 @@ def test_rows_keep_their_order(fresh):
     _, workers, rollout = fresh
     batch = prompt_batch(workers.tokenizer, PROMPTS)
     out = rollout.generate(batch, GREEDY)
-    flipped = rollout.generate(batch.reorder(list(reversed(range(len(PROMPTS))))), GREEDY)
+    flipped = rollout.generate(batch.index(list(reversed(range(len(PROMPTS))))), GREEDY)
     for row in range(len(PROMPTS)):
         assert kept(flipped, len(PROMPTS) - 1 - row) == kept(out, row)
 
@@ -150,7 +151,7 @@ def train_to_answer(workers, answer: list[int], steps: int = 40):
     batch["advantages"] = torch.ones(2, len(answer))
     for _ in range(steps):
         batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
-        workers.actor.update(batch)
+        workers.actor.update(batch, vanilla)
 
 
 def test_sync_after_real_updates_gives_the_hf_greedy_output(fresh):
@@ -187,7 +188,7 @@ def test_a_failed_sync_restarts_the_engine_from_the_current_weights(fresh, caplo
     torch.manual_seed(7)
     random.seed(7)
     with caplog.at_level(logging.WARNING, logger="nanoverl_vllm"):
-        rollout.sync_weights(workers.actor, weights=fail_half_way(vllm_engine.actor_weights(workers.actor.module)))
+        rollout.sync_weights(workers.actor, weights=fail_half_way(workers.actor.full_tensors()))
     assert "weight stream broke" in caplog.text and "restarting" in caplog.text
     assert (torch.rand(2).tolist(), random.random()) == want_draws           # vLLM's re-seeding was undone
     assert rollout.restarts == restarts + 1 and rollout.llm is not old_llm
@@ -234,3 +235,14 @@ def test_sleeping_between_generate_calls_keeps_outputs_right(tiny_dir, make_conf
         assert rollout.restarts == 0
     finally:
         rollout.close()
+
+
+def test_vllm_rollout_keeps_the_core_rollout_contract(fresh):
+    """nanoverl_core.testing.check_rollout on the real engine: shapes, masks and rollout_log_probs,
+    seeds drawn from torch's global generator, greedy calls drawing nothing, rows independent of order."""
+    from nanoverl_core.testing import check_rollout
+    from nanoverl_core.testing import prompt_batch as contract_batch
+
+    _, workers, rollout = fresh
+    out = check_rollout(rollout, contract_batch(workers.tokenizer, PROMPTS[:4], n=2), max_new_tokens=6)
+    assert "rollout_log_probs" in out

@@ -24,10 +24,20 @@ if find_spec("nanoverl_batch_baseline") is None:  # run from a checkout without 
 import pytest
 import torch
 
-from nanoverl_core import ConfigError, RLBatch
+from nanoverl_core import ConfigError, RLBatch, load_config, load_registry
 from nanoverl_core.config import AlgorithmConfig
 from nanoverl_core.plugins import Registry
 from nanoverl_batch_baseline import plugin
+from nanoverl_batch_baseline.settings import BatchBaselineSettings
+
+DEBUG = Path(__file__).resolve().parents[4] / "examples" / "configs" / "debug_reinforce.toml"
+
+
+def weighted(group_weight: float) -> AlgorithmConfig:
+    """The [algorithm] section as nanoverl hands it over, with [algorithm.batch_mean_baseline] group_weight set."""
+    config = AlgorithmConfig(advantage_estimator="batch_mean_baseline")
+    config.settings = BatchBaselineSettings(group_weight=group_weight)
+    return config
 from nanoverl_batch_baseline.estimator import batch_mean_baseline, compute_batch_baseline_advantages
 
 UIDS = ["a", "a", "b", "b", "c", "b"]
@@ -58,13 +68,13 @@ def test_batch_baseline_is_score_minus_mean_of_the_other_rows():
 
 
 def test_group_weight_one_is_the_leave_one_out_group_mean_with_batch_fallback():
-    config = AlgorithmConfig(params={"group_weight": 1.0})
+    config = weighted(1.0)
     # s - g = [1 - 0.5, 0.5 - 1, 2 - 0, 0 - 2, -1 - 0.875]: row 4 is alone in its group, so b_4.
     check(batch_mean_baseline(batch(), config), [0.5, -0.5, 2.0, -2.0, -1.875, 0.0])
 
 
 def test_group_weight_mixes_the_two_baselines():
-    config = AlgorithmConfig(params={"group_weight": 0.5})
+    config = weighted(0.5)
     # baseline = (b + g) / 2 = [0.4375, 0.75, 0.0625, 1.3125, 0.875]
     check(batch_mean_baseline(batch(), config), [0.5625, -0.25, 1.9375, -1.3125, -1.875, 0.0])
 
@@ -78,7 +88,7 @@ def test_batch_advantages_are_the_centred_scores_scaled_by_n_over_n_minus_1():
 def test_row_order_does_not_matter():
     order = [4, 2, 0, 5, 3, 1]
     expected = torch.tensor([0.5625, -0.25, 1.9375, -1.3125, -1.875, 0.0])[order]
-    check(batch_mean_baseline(batch(order), AlgorithmConfig(params={"group_weight": 0.5})),
+    check(batch_mean_baseline(batch(order), weighted(0.5)),
           expected.tolist(), mask=MASK[order])
 
 
@@ -86,16 +96,25 @@ def test_a_single_row_keeps_its_score():
     check(batch_mean_baseline(batch([2]), AlgorithmConfig()), [2.0], mask=MASK[[2]])
 
 
-@pytest.mark.parametrize("bad", [-0.1, 1.5, "half", True])
-def test_group_weight_outside_zero_one_is_a_config_error(bad):
-    with pytest.raises(ConfigError, match="algorithm.params.group_weight"):
-        batch_mean_baseline(batch(), AlgorithmConfig(params={"group_weight": bad}))
+@pytest.mark.parametrize("bad, needle", [("-0.1", "'group_weight' must be >= 0"), ("1.5", "'group_weight' must be <= 1"),
+                                         ("half", "expected float"), ("true", "expected float")])
+def test_group_weight_outside_zero_one_is_a_config_error_naming_the_key(bad, needle):
+    registry = load_registry()
+    plugin.register_advantage_estimators(register=lambda name, obj, description="", settings=None: registry.add(
+        "advantage_estimator", name, obj, "nanoverl-batch-baseline", description, settings))
+    overrides = ["algorithm.advantage_estimator=batch_mean_baseline", f"algorithm.batch_mean_baseline.group_weight={bad}"]
+    with pytest.raises(ConfigError, match="algorithm.batch_mean_baseline.group_weight") as err:
+        load_config(DEBUG, overrides, registry=registry)
+    assert needle in str(err.value)
+    config = load_config(DEBUG, overrides[:1] + ["algorithm.batch_mean_baseline.group_weight=0.25"], registry=registry)
+    assert config.algorithm.settings == BatchBaselineSettings(group_weight=0.25)
 
 
 def test_plugin_registers_the_estimator_lazily():
     registry = Registry()
     plugin.register_advantage_estimators(
-        register=lambda name, obj, description="": registry.add("advantage_estimator", name, obj, "test", description))
+        register=lambda name, obj, description="", settings=None: registry.add("advantage_estimator", name, obj, "test",
+                                                                              description, settings))
     assert registry.names("advantage_estimator") == ["batch_mean_baseline"]
     assert isinstance(registry.entry("advantage_estimator", "batch_mean_baseline").obj, str)  # imported on use
     assert registry.get("advantage_estimator", "batch_mean_baseline") is batch_mean_baseline

@@ -5,28 +5,27 @@ layer and the root are wrapped with `fully_shard` over all ranks. The PPO mechan
 TorchActor / TorchCritic; the classes here override only what data parallelism changes:
 
   - rows: every rank holds the whole step batch; log-probs and values are computed on this rank's
-    share of the rows and gathered back (parallel.my_rows / gather_rows); an update takes this rank's
+    share of the rows and gathered back (parallel.rank_rows / gather_rows); an update takes this rank's
     share of every mini-batch, so the ranks together see exactly the mini-batches one process would;
   - normalisers: each mini-batch's token / sequence totals are counted on the whole mini-batch
     (every rank has it), and the core scales each micro-batch loss by dp_size before backward
     because FSDP averages gradients over ranks: the summed gradient equals one process's;
   - clipping: `clip_grad_norm_` over the DTensor gradients returns the global norm (the core calls
     `full_tensor()`); a non-finite loss on any rank skips the step on every rank;
-  - metrics: averaged over ranks (`actor/loss`, each rank's share of the total, is summed);
+  - metrics: each rank's are its share of the mini-batch's; the core's update sums them over ranks;
   - checkpoints: every rank writes its own shards into the trainer's temporary folder, as
     safetensors (model) and a weights-only torch.save file (optimizer), nothing pickled; rank 0
     adds shards.json (world size, each tensor's shape and sharded dim) and the transformers config
     and tokenizer, so that `python -m nanoverl_fsdp.export` can rebuild a plain model from the folder.
 
 Mixed precision: parameters are stored (and optimised) in `model.dtype`; forward / backward run in
-`worker.param_dtype` and gradients are reduced in `worker.reduce_dtype` (FSDP2 MixedPrecisionPolicy).
+`[worker.fsdp] param_dtype` and gradients are reduced in `reduce_dtype` (FSDP2 MixedPrecisionPolicy).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -40,11 +39,13 @@ from torch.distributed.tensor import DTensor
 from nanoverl_core import RLBatch, TorchActor, TorchCritic, Workers
 from nanoverl_core.algos import loss_totals
 from nanoverl_core.config import Config
-from nanoverl_core.workers import resolve_device
+from nanoverl_core.errors import CheckpointMismatch
+from nanoverl_core.workers import checkpoint_fits, load_tensors, resolve_device, save_tensors
 from nanoverl_hf.models import DTYPES, build_modules, resolve_source
 
 from . import parallel
 from .export import MODEL_FILE, SHARDS
+from .settings import FSDPSettings
 
 log = logging.getLogger("nanoverl_fsdp")
 
@@ -70,16 +71,16 @@ def _fill(into, saved, where: str = ""):
     into its local shard), other values (learning rates, betas, ...) replaced. Returns the filled tree."""
     if isinstance(into, dict):
         if not isinstance(saved, dict) or into.keys() != saved.keys():
-            raise ValueError(f"checkpoint entry {where or '/'} does not match the model or optimizer")
+            raise CheckpointMismatch(f"checkpoint entry {where or '/'} does not match the model or optimizer")
         return {k: _fill(into[k], saved[k], f"{where}/{k}") for k in into}
     if isinstance(into, (list, tuple)):
         if not isinstance(saved, (list, tuple)) or len(into) != len(saved):
-            raise ValueError(f"checkpoint entry {where} does not match the model or optimizer")
+            raise CheckpointMismatch(f"checkpoint entry {where} does not match the model or optimizer")
         return type(into)(_fill(a, b, f"{where}/{i}") for i, (a, b) in enumerate(zip(into, saved)))
     if isinstance(into, torch.Tensor):
         local = into.to_local() if isinstance(into, DTensor) else into
         if not isinstance(saved, torch.Tensor) or saved.shape != local.shape:
-            raise ValueError(f"checkpoint entry {where}: shape {getattr(saved, 'shape', None)}, "
+            raise CheckpointMismatch(f"checkpoint entry {where}: shape {getattr(saved, 'shape', None)}, "
                              f"this rank's shard is {tuple(local.shape)}")
         local.copy_(saved)
         return into
@@ -106,7 +107,7 @@ class _Sharded:
         normalisers of the whole mini-batch. Fill rows get an all-zero response mask: no loss, no metric."""
         for mini in batch.split(mini_prompts * self.config.rollout.n or len(batch)):
             norms = loss_totals(mini["response_mask"])     # every rank holds the whole mini-batch
-            rows, real = parallel.my_rows(len(mini))
+            rows, real = parallel.rank_rows(len(mini))
             local = mini.index(rows)
             if real < len(rows):
                 mask = local["response_mask"].clone()
@@ -121,7 +122,7 @@ class _Sharded:
 
     def _on_my_rows(self, compute, batch: RLBatch) -> torch.Tensor:
         """compute(rows) -> (rows, R) on this rank's share; all rows gathered: (B, R) on the CPU."""
-        rows, _ = parallel.my_rows(len(batch))
+        rows, _ = parallel.rank_rows(len(batch))
         return parallel.gather_rows(compute(batch.index(rows)), len(batch))
 
     # ---- checkpoints: called on every rank with the same path; nothing is pickled -----------------
@@ -139,7 +140,7 @@ class _Sharded:
         state, me = self._state(), parallel.rank()
         save_file(_local(state["model"]), str(path / MODEL_FILE.format(rank=me)))
         if "optimizer" in state:                            # plain tensors, numbers, strings: weights_only loads it
-            torch.save(_local(state["optimizer"]), path / OPTIMIZER_FILE.format(rank=me))
+            save_tensors(_local(state["optimizer"]), path / OPTIMIZER_FILE.format(rank=me))
         if me == 0:
             model = {name: {"shape": list(value.shape), "shard_dim": _shard_dim(value)}
                      for name, value in state["model"].items()}
@@ -152,29 +153,18 @@ class _Sharded:
         world, me = parallel.world_size(), parallel.rank()
         saved_world = json.loads((path / SHARDS).read_text())["world_size"]
         if saved_world != world:
-            raise ValueError(f"{path} was saved by {saved_world} ranks; resume it on {saved_world} ranks, not {world}")
+            raise CheckpointMismatch(f"{path} was saved by {saved_world} ranks; resume it on {saved_world} ranks, not {world}")
         state = self._state()
-        model = _fill(state["model"], load_file(str(path / MODEL_FILE.format(rank=me))), "model")
-        if self.optimizer is None:
-            set_model_state_dict(self.module, model)
-        else:
-            optimizer = torch.load(path / OPTIMIZER_FILE.format(rank=me), map_location="cpu", weights_only=True)
-            set_state_dict(self.module, self.optimizer, model_state_dict=model,
-                           optim_state_dict=_fill(state["optimizer"], optimizer, "optimizer"))
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
-
-    # ---- full weights, for a rollout engine or an export -----------------------------------------------
-    def iter_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, full tensor) for every state-dict entry, gathered one tensor at a time, in the
-        module's storage dtype on its device. A collective: call it on every rank, and consume it whole."""
-        for name, value in self.module.state_dict().items():
-            yield name, (value.full_tensor() if hasattr(value, "full_tensor") else value).detach()
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole unsharded state dict (transformers names) on the CPU of every rank; a collective."""
-        return {name: value.cpu() for name, value in self.iter_full_tensors()}
-
+        with checkpoint_fits(path):
+            model = _fill(state["model"], load_file(str(path / MODEL_FILE.format(rank=me))), "model")
+            if self.optimizer is None:
+                set_model_state_dict(self.module, model)
+            else:
+                optimizer = load_tensors(path / OPTIMIZER_FILE.format(rank=me))
+                set_state_dict(self.module, self.optimizer, model_state_dict=model,
+                               optim_state_dict=_fill(state["optimizer"], optimizer, "optimizer"))
+            if self.scheduler is not None:
+                self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
 
 class FSDPActor(_Sharded, TorchActor):
     """A sharded policy (trainable) or reference (frozen)."""
@@ -187,9 +177,6 @@ class FSDPActor(_Sharded, TorchActor):
     @torch.no_grad()
     def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
         return self._on_my_rows(super().compute_log_probs, batch)
-
-    def update(self, batch: RLBatch) -> dict[str, float]:
-        return parallel.reduce_metrics(super().update(batch), summed=("actor/loss",))
 
     def save(self, path: Path) -> None:
         super().save(path)
@@ -204,9 +191,6 @@ class FSDPCritic(_Sharded, TorchCritic):
     @torch.no_grad()
     def compute_values(self, batch: RLBatch) -> torch.Tensor:
         return self._on_my_rows(super().compute_values, batch)
-
-    def update(self, batch: RLBatch) -> dict[str, float]:
-        return parallel.reduce_metrics(super().update(batch))
 
 
 def _shard_dim(value: torch.Tensor) -> int | None:
@@ -223,8 +207,8 @@ def shard(module: torch.nn.Module, config: Config, device: torch.device) -> torc
     a model larger than one device train; on a tiny model it only costs collectives.
     """
     mesh = init_device_mesh(device.type, (parallel.world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=DTYPES[config.worker.param_dtype],
-                                  reduce_dtype=DTYPES[config.worker.reduce_dtype])
+    settings = config.worker.settings or FSDPSettings()
+    policy = MixedPrecisionPolicy(param_dtype=DTYPES[settings.param_dtype], reduce_dtype=DTYPES[settings.reduce_dtype])
     blocks = set(getattr(module, "_no_split_modules", None) or ())
     module.to(device)
     for sub in module.modules():
@@ -242,8 +226,7 @@ def make_workers(config: Config) -> Workers:
         device = torch.device("cuda", torch.cuda.current_device())   # cuda:LOCAL_RANK under torchrun
     # Every rank builds the same full model (same files, same seed), then keeps only its shards.
     tokenizer, policy, reference, critic = build_modules(config, source)
-    log.info("fsdp: %d ranks, device %s, param_dtype %s, reduce_dtype %s", parallel.world_size(), device,
-             config.worker.param_dtype, config.worker.reduce_dtype)
+    log.info("fsdp: %d ranks, device %s, %s", parallel.world_size(), device, config.worker.settings)
 
     return Workers(
         tokenizer=tokenizer,

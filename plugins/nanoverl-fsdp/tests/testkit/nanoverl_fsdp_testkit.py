@@ -34,6 +34,9 @@ class PerPromptRollout:
     def sync_weights(self, actor):
         self.inner.sync_weights(actor)
 
+    def close(self):
+        self.inner.close()
+
     def generate(self, batch, params):
         uids, responses, start = batch["uid"], [], 0
         while start < len(batch):

@@ -23,50 +23,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nanoverl_core.algos import masked_whiten
+from nanoverl_core.algos import Groups, masked_whiten
+
+from .settings import GroupNormSettings
 
 if TYPE_CHECKING:
     from nanoverl_core import RLBatch
     from nanoverl_core.config import AlgorithmConfig
 
 Tensors = tuple[torch.Tensor, torch.Tensor]
-
-
-# ---- grouping ---------------------------------------------------------------------------------------
-class Groups:
-    """Rows grouped by uid. index: (B,) group of each row (0..G-1, by first appearance); size: (G,)."""
-
-    def __init__(self, uids: Sequence[Hashable], device: torch.device | str = "cpu"):
-        first_seen: dict[Hashable, int] = {}
-        self.index = torch.tensor([first_seen.setdefault(u, len(first_seen)) for u in uids],
-                                  dtype=torch.long, device=device)
-        self.num = len(first_seen)
-        self.size = torch.bincount(self.index, minlength=self.num)  # (G,)
-
-    def sum(self, x: torch.Tensor) -> torch.Tensor:
-        """(B,) -> (G,) sum over each group's rows."""
-        return torch.zeros(self.num, dtype=x.dtype, device=x.device).index_add(0, self.index, x)
-
-    def mean(self, x: torch.Tensor) -> torch.Tensor:
-        """(B,) -> (G,) mean over each group's rows."""
-        return self.sum(x) / self.size.to(x.dtype)
-
-    def std(self, x: torch.Tensor) -> torch.Tensor:
-        """(B,) -> (G,) unbiased std over each group's rows (0 for a group of one)."""
-        dev = x - self.mean(x)[self.index]
-        return (self.sum(dev * dev) / (self.size - 1).clamp(min=1).to(x.dtype)).sqrt()
-
-    def all_equal(self, x: torch.Tensor) -> torch.Tensor:
-        """(B,) -> (B,) bool: the row's group has two or more rows, all with the same value."""
-        lo = torch.full((self.num,), float("inf"), dtype=x.dtype, device=x.device)
-        hi = torch.full((self.num,), float("-inf"), dtype=x.dtype, device=x.device)
-        lo = lo.scatter_reduce(0, self.index, x, reduce="amin")
-        hi = hi.scatter_reduce(0, self.index, x, reduce="amax")
-        return (lo == hi)[self.index] & (self.size[self.index] > 1)
-
-    def singleton(self) -> torch.Tensor:
-        """(B,) bool: the row is alone in its group."""
-        return self.size[self.index] == 1
 
 
 def _setup(token_level_rewards: torch.Tensor, uids: Sequence[Hashable]) -> tuple[torch.Tensor, Groups]:
@@ -189,15 +154,20 @@ def _inputs(batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor, list]:
     return batch["token_level_rewards"], batch["response_mask"], batch["uid"]
 
 
+def _norm(config: AlgorithmConfig) -> GroupNormSettings:
+    """[algorithm.<name>] as loaded (defaults for a config built in code)."""
+    return config.settings if isinstance(config.settings, GroupNormSettings) else GroupNormSettings()
+
+
 def grpo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
-    """GRPO; divides by the group std unless config.norm_adv_by_std_in_grpo is off."""
-    return compute_grpo_advantages(*_inputs(batch), epsilon=config.epsilon,
-                                   norm_by_std=config.norm_adv_by_std_in_grpo)
+    """GRPO; divides by the group std unless [algorithm.grpo] norm_by_std = false."""
+    s = _norm(config)
+    return compute_grpo_advantages(*_inputs(batch), epsilon=s.epsilon, norm_by_std=s.norm_by_std)
 
 
 def dr_grpo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
     """Dr. GRPO: group mean baseline, never divided by the std."""
-    return compute_grpo_advantages(*_inputs(batch), epsilon=config.epsilon, norm_by_std=False)
+    return compute_grpo_advantages(*_inputs(batch), norm_by_std=False)
 
 
 def rloo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
@@ -216,6 +186,6 @@ def opo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
 
 
 def grpo_passk(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
-    """Pass@k: only each group's best response is reinforced."""
-    return compute_grpo_passk_advantages(*_inputs(batch), epsilon=config.epsilon,
-                                         norm_by_std=config.norm_adv_by_std_in_grpo)
+    """Pass@k: only each group's best response is reinforced ([algorithm.grpo_passk] as for grpo)."""
+    s = _norm(config)
+    return compute_grpo_passk_advantages(*_inputs(batch), epsilon=s.epsilon, norm_by_std=s.norm_by_std)

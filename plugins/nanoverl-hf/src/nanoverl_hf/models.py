@@ -23,6 +23,7 @@ import torch
 
 from nanoverl_core import ConfigError
 from nanoverl_core.config import Config, ModelConfig
+from nanoverl_core.rollout import stop_token_ids
 
 log = logging.getLogger("nanoverl_hf")
 
@@ -178,17 +179,6 @@ def neutral_generation_config(model, tokenizer, eos_token_ids: list[int]):
                             pad_token_id=tokenizer.pad_token_id)
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a response: the tokenizer's EOS and those of the model's generation config
-    (chat models often end turns with a token such as <|im_end|> that the tokenizer calls EOS too)."""
-    ids = [tokenizer.eos_token_id]
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])):
-        if value not in ids:
-            ids.append(value)
-    return ids
-
-
 def build_modules(config: Config, source: ModelSource):
     """Tokenizer, policy, reference (a frozen copy, or None) and value model (or None), on the CPU.
 
@@ -197,7 +187,7 @@ def build_modules(config: Config, source: ModelSource):
     """
     tokenizer = load_tokenizer(config.model, source)
     policy = load_policy(config, source)
-    policy.generation_config = neutral_generation_config(policy, tokenizer, eos_token_ids(policy, tokenizer))
+    policy.generation_config = neutral_generation_config(policy, tokenizer, stop_token_ids(tokenizer, policy))
     if len(tokenizer) > policy.config.vocab_size:
         log.warning("the tokenizer has %d tokens but the model's vocab_size is %d", len(tokenizer),
                     policy.config.vocab_size)

@@ -15,8 +15,9 @@ import torch
 
 from nanoverl_core import RLBatch, SamplingParams, responses_to_batch
 from nanoverl_core.config import Config
+from nanoverl_core.rollout import stop_token_ids
 
-from .models import eos_token_ids, load_policy, neutral_generation_config, resolve_source
+from .models import load_policy, neutral_generation_config, resolve_source
 
 
 def _is_sharded(module: torch.nn.Module) -> bool:
@@ -54,19 +55,25 @@ class HFRollout:
         else:
             self.module = load_policy(config, resolve_source(config.model)).to(self.device)
             self.module.generation_config = neutral_generation_config(
-                self.module, self.tokenizer, eos_token_ids(actor.module, self.tokenizer))
+                self.module, self.tokenizer, stop_token_ids(self.tokenizer, actor.module))
             self.module.requires_grad_(False)
             self.sync_weights(actor)
-        self.eos_token_ids = eos_token_ids(self.module, self.tokenizer)
+        self.eos_token_ids = stop_token_ids(self.tokenizer, self.module)
         self._gen_configs: dict[SamplingParams, object] = {}
 
     def sync_weights(self, actor) -> None:
-        """Shared module: nothing to do. Own copy: load the actor's (gathered) weights in place."""
+        """Shared module: nothing to do. Own copy: copy the actor's full tensors in, one at a time."""
         if self.shared and self.module is actor.module:
             return
-        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v)
-                 for k, v in actor.module.state_dict().items()}
-        self.module.load_state_dict(state)  # copy_ into our parameters: casts dtype, moves device
+        own = self.module.state_dict()
+        with torch.no_grad():
+            for name, tensor in actor.full_tensors():   # a collective under torchrun: consumed whole on every rank
+                own[name].copy_(tensor)                 # casts dtype, moves device
+
+    def close(self) -> None:
+        """Drop the own copy; a shared module is the actor's."""
+        if not self.shared:
+            self.module = None
 
     def _generation_config(self, params: SamplingParams):
         """Every sampling knob set explicitly, so nothing falls back to a checkpoint's defaults."""

@@ -19,7 +19,7 @@ import gc
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from nanoverl_core import ConfigError
 from nanoverl_core.config import Config
 
 from . import SUPPORTED_VLLM
+from .settings import VLLMSettings
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # in-process engine: tensors pass by reference
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -66,7 +67,7 @@ log = logging.getLogger("nanoverl_vllm")
 
 __all__ = ["LLM", "VLLMSamplingParams", "TokensPrompt", "current_platform", "in_process", "sleep_supported",
            "write_engine_folder", "engine_kwargs", "start_engine", "stop_engine", "push_weights",
-           "save_weights", "actor_weights"]
+           "save_weights"]
 
 
 def in_process() -> bool:
@@ -153,13 +154,14 @@ def engine_kwargs(config: Config, folder: Path, hf_config, *, load_format: str, 
     "safetensors" (read folder/model.safetensors written by `save_weights`)."""
     max_model_len = config.data.max_prompt_length + config.rollout.max_new_tokens
     _check_model(config, hf_config, max_model_len)
+    settings = config.rollout.settings or VLLMSettings()
     kwargs: dict[str, Any] = dict(
         model=str(folder), load_format=load_format,
         skip_tokenizer_init=True,                     # prompts are token ids; responses stay token ids
         generation_config="vllm",                     # ignore generation_config.json defaults: rollout.* rules
         logprobs_mode="processed_logprobs",           # log-probs of the distribution actually sampled from
         dtype=config.model.dtype, seed=config.trainer.seed, max_model_len=max_model_len,
-        gpu_memory_utilization=config.rollout.gpu_memory_utilization, trust_remote_code=config.model.trust_remote_code,
+        gpu_memory_utilization=settings.gpu_memory_utilization, trust_remote_code=config.model.trust_remote_code,
         enforce_eager=True,                           # no CUDA graphs / torch.compile: fast, predictable start
         enable_sleep_mode=sleep and sleep_supported(), disable_log_stats=True)
     if current_platform.is_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
@@ -241,12 +243,6 @@ def stop_engine(llm: LLM | None, owns_distributed: bool) -> None:
 
 
 # ---- weights ------------------------------------------------------------------------------------
-def actor_weights(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) pairs of the actor, one at a time; sharded (DTensor) ones are gathered."""
-    for name, tensor in module.state_dict().items():
-        yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
-
-
 def push_weights(llm: LLM, weights: Iterable[tuple[str, torch.Tensor]], folder: Path) -> None:
     """Load `weights` into the running engine in place, then drop the prefix cache built on the old ones.
 

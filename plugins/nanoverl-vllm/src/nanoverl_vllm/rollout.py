@@ -27,6 +27,7 @@ import torch
 
 from nanoverl_core import RLBatch, SamplingParams, responses_to_batch
 from nanoverl_core.config import Config
+from nanoverl_core.rollout import stop_token_ids
 
 from . import engine
 from .engine import TokensPrompt, VLLMSamplingParams
@@ -49,16 +50,6 @@ def to_vllm_params(params: SamplingParams, *, stop_token_ids: list[int], seed: i
         detokenize=False)
 
 
-def eos_token_ids(tokenizer, module) -> list[int]:
-    """The tokenizer's EOS plus those of the model's generation config (as the hf rollout stops)."""
-    ids = [tokenizer.eos_token_id]
-    extra = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
-    for value in ([extra] if isinstance(extra, int) else list(extra or [])):
-        if value not in ids:
-            ids.append(value)
-    return ids
-
-
 class VLLMRollout:
     def __init__(self, config: Config, workers, *, log_probs: bool = True, sleep: bool | None = None):
         """`sleep=None` frees the engine's accelerator memory between generate calls where vLLM supports
@@ -69,7 +60,7 @@ class VLLMRollout:
         self.actor = workers.actor                                  # re-read after a sleep or a failed sync
         self.log_probs = log_probs
         self.sleep = engine.sleep_supported() if sleep is None else sleep
-        self.eos_token_ids = eos_token_ids(self.tokenizer, self.actor.module)
+        self.eos_token_ids = stop_token_ids(self.tokenizer, self.actor.module)
         self.folder = Path(tempfile.mkdtemp(prefix="nanoverl-vllm-"))   # config.json (+ weights on restart)
         weakref.finalize(self, shutil.rmtree, self.folder, True)
         self.hf_config = engine.write_engine_folder(self.actor.module, self.folder)
@@ -90,14 +81,14 @@ class VLLMRollout:
         """
         from_disk = from_disk or not engine.in_process()
         if from_disk:
-            engine.save_weights(engine.actor_weights(actor.module), self.folder)
+            engine.save_weights(actor.full_tensors(), self.folder)
         kwargs = engine.engine_kwargs(self.config, self.folder, self.hf_config,
                                       load_format="safetensors" if from_disk else "dummy", sleep=self.sleep)
         start = time.perf_counter()
         self.llm = engine.start_engine(kwargs)
         self.start_s = time.perf_counter() - start
         if not from_disk:
-            engine.push_weights(self.llm, engine.actor_weights(actor.module), self.folder)
+            engine.push_weights(self.llm, actor.full_tensors(), self.folder)
         self.asleep = False
 
     def restart(self, actor) -> None:
@@ -125,7 +116,7 @@ class VLLMRollout:
         try:
             if self.asleep:
                 self.llm.wake_up(tags=["weights"])            # allocate the weight memory back (contents are stale)
-            engine.push_weights(self.llm, weights if weights is not None else engine.actor_weights(actor.module),
+            engine.push_weights(self.llm, weights if weights is not None else actor.full_tensors(),
                                 self.folder)
             if self.asleep:
                 self.llm.wake_up(tags=["kv_cache"])

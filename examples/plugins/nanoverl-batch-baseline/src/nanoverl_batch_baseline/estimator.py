@@ -1,8 +1,8 @@
 """REINFORCE with a leave-one-out batch-mean baseline, optionally pulled toward the prompt's group.
 
 The twist: the plain batch-mean baseline ignores that some prompts are easier than others, and the
-group-mean baseline of GRPO/RLOO is noisy when `rollout.n` is small. `algorithm.params.group_weight`
-(w, default 0) mixes the two: w = 0 is the batch baseline, w = 1 is RLOO's leave-one-out group mean,
+group-mean baseline of GRPO/RLOO is noisy when `rollout.n` is small. `group_weight` (w, default 0,
+set in the config's [algorithm.batch_mean_baseline] table, see settings.py) mixes the two: w = 0 is the batch baseline, w = 1 is RLOO's leave-one-out group mean,
 anything between shrinks the noisy group mean toward the batch mean. Both means leave the row itself
 out, so the baseline never contains the sample it judges and the gradient estimate stays unbiased.
 
@@ -15,7 +15,9 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from nanoverl_core import ConfigError
+from nanoverl_core.algos import Groups
+
+from .settings import BatchBaselineSettings
 
 
 @torch.no_grad()
@@ -46,12 +48,11 @@ def compute_batch_baseline_advantages(token_level_rewards: torch.Tensor, respons
     others = counts.sum() - counts  # (B,) scored rows other than i
     batch_base = (scores.sum() - scores) / others.clamp(min=1)  # (B,)
 
-    group_of: dict[Hashable, int] = {}
-    gid = torch.tensor([group_of.setdefault(u, len(group_of)) for u in uids], device=scores.device)  # (B,)
-    group_sum = torch.zeros(len(group_of), dtype=scores.dtype, device=scores.device).index_add(0, gid, scores)
-    group_cnt = torch.zeros(len(group_of), dtype=scores.dtype, device=scores.device).index_add(0, gid, counts)
-    group_others = group_cnt[gid] - counts  # (B,)
-    group_base = torch.where(group_others > 0, (group_sum[gid] - scores) / group_others.clamp(min=1), batch_base)
+    groups = Groups(uids, scores.device)  # rows sharing a uid
+    gid = groups.index  # (B,) each row's group
+    group_others = groups.sum(counts)[gid] - counts  # (B,) scored rows of i's group other than i
+    group_base = torch.where(group_others > 0, (groups.sum(scores)[gid] - scores) / group_others.clamp(min=1),
+                             batch_base)
 
     baseline = (1 - group_weight) * batch_base + group_weight * group_base  # (B,)
     advantages = (scores - baseline).unsqueeze(-1) * mask  # (B, R)
@@ -59,10 +60,8 @@ def compute_batch_baseline_advantages(token_level_rewards: torch.Tensor, respons
 
 
 def batch_mean_baseline(batch, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plugin contract: fn(batch: RLBatch, config: AlgorithmConfig) -> (advantages, returns)."""
-    group_weight = config.params.get("group_weight", 0.0)
-    if isinstance(group_weight, bool) or not isinstance(group_weight, (int, float)) or not 0 <= group_weight <= 1:
-        raise ConfigError(f"algorithm.params.group_weight = {group_weight!r} must be a number between 0 and 1 "
-                          "(0: batch-mean baseline, 1: leave-one-out group mean)")
+    """The plugin contract: fn(batch: RLBatch, config: AlgorithmConfig) -> (advantages, returns).
+    config.settings is this estimator's BatchBaselineSettings (nanoverl validated it when loading)."""
+    settings = config.settings or BatchBaselineSettings()
     return compute_batch_baseline_advantages(batch["token_level_rewards"], batch["response_mask"], batch["uid"],
-                                             group_weight=float(group_weight))
+                                             group_weight=settings.group_weight)

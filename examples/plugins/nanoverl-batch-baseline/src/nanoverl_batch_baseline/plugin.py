@@ -6,4 +6,5 @@ from nanoverl_core import hookimpl
 @hookimpl
 def register_advantage_estimators(register):
     register("batch_mean_baseline", "nanoverl_batch_baseline.estimator:batch_mean_baseline",
-             description="REINFORCE, leave-one-out batch-mean baseline (algorithm.params.group_weight)")
+             settings="nanoverl_batch_baseline.settings:BatchBaselineSettings",
+             description="REINFORCE, leave-one-out batch-mean baseline ([algorithm.batch_mean_baseline] group_weight)")

@@ -1,0 +1,15 @@
+"""[worker.debug]: the size of the debug worker's tiny transformer (no torch import: checking a config stays fast)."""
+
+import attrs
+
+_positive = attrs.validators.gt(0)
+
+
+@attrs.define
+class DebugModelSettings:
+    vocab_size: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Vocabulary size (0: the size of its character tokenizer)."""
+    hidden_size: int = attrs.field(default=64, validator=_positive)
+    """Hidden size of its tiny transformer (a multiple of its 4 heads)."""
+    num_layers: int = attrs.field(default=2, validator=_positive)
+    """Number of transformer blocks."""

@@ -1,0 +1,101 @@
+"""Contract checks for backend authors: call them from your plugin's tests.
+
+    from nanoverl_core.testing import check_actor, check_rollout, prompt_batch
+
+    batch = prompt_batch(workers.tokenizer, ["12=", "345="], n=2)
+    batch.update(check_rollout(rollout, batch, max_new_tokens=4))    # returns one sampled output
+    check_actor(workers.actor, batch)
+
+Each check raises AssertionError naming the rule a backend broke. The rules are those of
+`nanoverl_core.protocols` and of the hook docs in `nanoverl_core.hookspecs` (rows in order, seeds
+from torch's global generator, greedy calls draw nothing, full tensors for the weight sync).
+The core's tests run them on the debug backends, each first-party plugin's tests on its own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import RLBatch
+from .protocols import Actor, Rollout
+from .rollout import SamplingParams
+
+
+def prompt_batch(tokenizer, texts: list[str], n: int = 1) -> RLBatch:
+    """Left-padded `prompts` / `prompt_mask` (B, P) for `texts`, each repeated n times (one uid per text)."""
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    width = max(len(x) for x in ids)
+    prompts = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, tokens in enumerate(ids):
+        prompts[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, width - len(tokens):] = 1
+    batch = RLBatch({"prompts": prompts, "prompt_mask": mask}, {"uid": [f"p{i}" for i in range(len(ids))]})
+    return batch.repeat_interleave(n)
+
+
+def _check_outputs(out: RLBatch, rows: int, max_new_tokens: int) -> None:
+    responses, mask = out["responses"], out["response_mask"]
+    assert len(out) == rows, f"generate returned {len(out)} rows for {rows}: one response per row, in order"
+    assert responses.dtype == torch.long and responses.dim() == 2, "responses must be (B, R) int64"
+    assert mask.shape == responses.shape, "response_mask must have the shape of responses"
+    assert responses.shape[1] <= max_new_tokens, f"responses are wider than max_new_tokens={max_new_tokens}"
+    lengths = mask.sum(-1).long()
+    prefix = (torch.arange(mask.shape[1]) < lengths[:, None]).to(mask.dtype)
+    assert torch.equal(mask, prefix), "response_mask must be 1 on a prefix of each row (right padding)"
+    if "rollout_log_probs" in out:
+        lp = out["rollout_log_probs"]
+        assert lp.shape == responses.shape, "rollout_log_probs must be (B, R) like responses"
+        assert torch.all(lp * (1 - mask) == 0), "rollout_log_probs must be 0 on padding"
+        assert torch.all(lp <= 1e-4), "rollout_log_probs are log-probabilities: at most 0"
+
+
+def check_rollout(rollout: Rollout, batch: RLBatch, max_new_tokens: int = 4) -> RLBatch:
+    """A rollout's contract on `batch` (prompts, prompt_mask, uid); returns one sampled output.
+
+    Shapes and masks of generate's output; the same seed of torch's global generator gives the same
+    samples; a greedy call draws nothing from it; greedy rows do not depend on the other rows or their
+    order; close() exists.
+    """
+    assert isinstance(rollout, Rollout), f"{type(rollout).__name__} lacks generate / sync_weights / close"
+    sampled = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    torch.manual_seed(1234)
+    first = rollout.generate(batch, sampled)
+    _check_outputs(first, len(batch), max_new_tokens)
+    torch.manual_seed(1234)
+    again = rollout.generate(batch, sampled)
+    assert torch.equal(first["responses"], again["responses"]), \
+        "sampling must be seeded from torch's global generator: the same seed must give the same responses"
+    state = torch.get_rng_state()
+    plain = rollout.generate(batch, greedy)
+    assert torch.equal(state, torch.get_rng_state()), "a greedy generate must not draw from torch's global generator"
+    _check_outputs(plain, len(batch), max_new_tokens)
+    order = list(reversed(range(len(batch))))
+    flipped = rollout.generate(batch.index(order), greedy)
+    for row, source in enumerate(order):
+        n = int(plain["response_mask"][source].sum())
+        assert torch.equal(flipped["responses"][row, :n], plain["responses"][source, :n]), \
+            "greedy responses must follow their own prompt whatever the row order"
+    return first
+
+
+def check_actor(actor: Actor, batch: RLBatch) -> None:
+    """An actor's contract on a batch with responses: log-probs (B, R) on the CPU, no grad, finite,
+    at most 0, 0 on padding, stable across calls; full_tensors covers the state dict at full size."""
+    assert isinstance(actor, Actor), f"{type(actor).__name__} lacks module / device / compute_log_probs / " \
+                                     "update / full_tensors / save / load"
+    mask = batch["response_mask"]
+    log_probs = actor.compute_log_probs(batch)
+    assert log_probs.shape == mask.shape and log_probs.device.type == "cpu", "log-probs must be (B, R) on the CPU"
+    assert not log_probs.requires_grad, "compute_log_probs must not build a graph"
+    assert torch.isfinite(log_probs).all() and torch.all(log_probs <= 1e-4), "log-probs must be finite and <= 0"
+    assert torch.all(log_probs * (1 - mask) == 0), "log-probs must be 0 on padding"
+    torch.testing.assert_close(actor.compute_log_probs(batch), log_probs, msg="log-probs must not change between calls")
+    names = [name for name, _ in actor.full_tensors()]
+    state = actor.module.state_dict()
+    assert names == list(state), "full_tensors must yield every state-dict entry, in state-dict order"
+    for name, tensor in actor.full_tensors():
+        local = state[name]
+        shape = local.full_tensor().shape if hasattr(local, "full_tensor") else local.shape
+        assert tensor.shape == shape and not hasattr(tensor, "full_tensor"), f"{name}: full_tensors must be unsharded"
