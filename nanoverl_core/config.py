@@ -206,6 +206,39 @@ class ReferenceConfig:
     """Keep a frozen copy of the initial policy for KL (in the reward or as a loss)."""
 
 
+Level = Literal["off", "token", "sequence", "geometric"]
+
+
+@attrs.define
+class RolloutCorrectionConfig:
+    """Rollout-trainer mismatch correction (algos/rollout_correction.py has verl's and TRL's names)."""
+
+    is_level: Level = "off"
+    """Importance weights pi_train / pi_rollout on the policy loss: per token (TIS), per sequence
+    (product) or its geometric mean; needs a rollout that returns its log-probs."""
+    is_threshold: float = 2.0
+    """Upper bound C of the importance weights: min(w, C) (truncation)."""
+    is_threshold_low: float | None = None
+    """Set a lower bound L to zero weights outside [L, C] instead of truncating (IcePop / masked IS)."""
+    is_batch_normalize: bool = False
+    """Divide the weights by their batch mean."""
+    rs_level: Level = "off"
+    """Rejection: drop tokens (or whole sequences) whose ratio leaves [rs_threshold_low, rs_threshold_high]."""
+    rs_threshold_high: float = 2.0
+    """Upper bound of the rejection band (on pi_train / pi_rollout)."""
+    rs_threshold_low: float | None = None
+    """Lower bound of the rejection band; unset: 1 / rs_threshold_high."""
+    rs_kl: Literal["off", "token_k2", "token_k3", "seq_sum_k2", "seq_sum_k3", "seq_mean_k2", "seq_mean_k3",
+                   "seq_max_k2", "seq_max_k3"] = "off"
+    """Also drop tokens / sequences whose k2 or k3 KL estimate (per token, or its sum / mean / max) exceeds rs_kl_threshold."""
+    rs_kl_threshold: float = 0.0
+    """Threshold of rs_kl (positive when rs_kl is on)."""
+
+    @property
+    def enabled(self) -> bool:
+        return (self.is_level, self.rs_level, self.rs_kl) != ("off", "off", "off")
+
+
 @attrs.define
 class AlgorithmConfig:
     advantage_estimator: str = "gae"
@@ -230,6 +263,8 @@ class AlgorithmConfig:
     """Adaptive controller: the KL it steers toward."""
     kl_horizon: int = 10000
     """Adaptive controller: horizon (in samples) of its proportional update."""
+    rollout_correction: RolloutCorrectionConfig = attrs.Factory(RolloutCorrectionConfig)
+    """Importance weights and rejection for the rollout's own log-probs (off by default)."""
     settings: Any = _settings()
     """The selected estimator's own settings, written as [algorithm.<advantage_estimator>]."""
 
@@ -347,6 +382,16 @@ class Config:
                                      ("algorithm.use_kl_in_reward", alg.use_kl_in_reward)) if on]
         if needs_ref and not self.reference.enable:
             raise ConfigError(f"{needs_ref[0]} = true needs a reference policy; set reference.enable = true")
+        rc = alg.rollout_correction
+        if rc.is_threshold <= 0 or (rc.is_threshold_low is not None and not 0 <= rc.is_threshold_low <= rc.is_threshold):
+            raise ConfigError("algorithm.rollout_correction.is_threshold must be positive and is_threshold_low, if set, "
+                              f"in [0, is_threshold]; got {rc.is_threshold} and {rc.is_threshold_low}")
+        if rc.rs_threshold_high <= 0 or (rc.rs_threshold_low is not None
+                                         and not 0 < rc.rs_threshold_low <= rc.rs_threshold_high):
+            raise ConfigError("algorithm.rollout_correction.rs_threshold_high must be positive and rs_threshold_low, "
+                              f"if set, in (0, rs_threshold_high]; got {rc.rs_threshold_high} and {rc.rs_threshold_low}")
+        if rc.rs_kl != "off" and rc.rs_kl_threshold <= 0:
+            raise ConfigError(f"algorithm.rollout_correction.rs_kl = {rc.rs_kl!r} needs a positive rs_kl_threshold")
         if not 0 <= alg.gamma <= 1 or not 0 <= alg.lam <= 1:
             raise ConfigError("algorithm.gamma and algorithm.lam must be in [0, 1]")
         if not self.data.train_files:
@@ -432,8 +477,8 @@ def apply_override(data: dict[str, Any], override: str) -> None:
             node[parts[-1]] = value  # reported as a type error with the key path
     else:
         parsed = _parse_value(value)
-        if ftype is None and isinstance(parsed, str) and _FLOAT.fullmatch(parsed.strip()):
-            parsed = float(parsed)  # a component setting (type unknown here): YAML reads 1e-3 as text
+        if isinstance(parsed, str) and _FLOAT.fullmatch(parsed.strip()):
+            parsed = float(parsed)  # YAML reads 1e-3 as text (an optional float, a component setting)
         node[parts[-1]] = parsed
 
 

@@ -72,6 +72,9 @@ class Critic(Protocol):
 class Rollout(Protocol):
     """A generation engine."""
 
+    returns_log_probs: bool
+    """Whether `generate` adds `rollout_log_probs` (what rollout correction needs)."""
+
     def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
         """One response per row of `batch` (rows already repeated rollout.n times, `prompts` /
         `prompt_mask` left-padded (B, P)), rows in the same order: `responses` and `response_mask`

@@ -85,3 +85,13 @@ def _tensor_responses_to_batch(responses: torch.Tensor, eos: set[int], pad_token
     mask = torch.arange(width) < lengths[:, None]                                          # (B, width)
     ids = torch.where(mask, ids[:, :width], torch.full_like(ids[:, :width], pad_token_id))
     return RLBatch({"responses": ids.long(), "response_mask": mask.float()})
+
+
+def decode_responses(tokenizer, batch: RLBatch) -> list[str]:
+    """Each row's response text: its valid tokens (the mask is a prefix) decoded without special tokens."""
+    lengths = batch["response_mask"].sum(-1).int().tolist()
+    rows = [ids[:n] for ids, n in zip(batch["responses"].tolist(), lengths)]
+    batch_decode = getattr(tokenizer, "batch_decode", None)  # one call for the batch (HF)
+    if batch_decode is not None:
+        return batch_decode(rows, skip_special_tokens=True)
+    return [tokenizer.decode(ids, skip_special_tokens=True) for ids in rows]

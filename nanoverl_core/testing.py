@@ -63,6 +63,8 @@ def check_rollout(rollout: Rollout, batch: RLBatch, max_new_tokens: int = 4) -> 
     torch.manual_seed(1234)
     first = rollout.generate(batch, sampled)
     _check_outputs(first, len(batch), max_new_tokens)
+    assert ("rollout_log_probs" in first) == bool(rollout.returns_log_probs), \
+        "rollout_log_probs must be returned exactly when returns_log_probs is true"
     torch.manual_seed(1234)
     again = rollout.generate(batch, sampled)
     assert torch.equal(first["responses"], again["responses"]), \

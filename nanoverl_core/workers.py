@@ -285,9 +285,10 @@ class TorchActor(_TorchWorker):
             mask = mb["response_mask"].to(self.device)
             log_prob, entropy = self.forward(mb, with_entropy=cfg.entropy_coeff != 0)
             old = log_prob.detach() if on_policy else mb["old_log_probs"].to(self.device)
+            weights = mb["rollout_is_weights"].to(self.device) if "rollout_is_weights" in mb else None
             inputs = PolicyLossInputs(log_prob, old, mb["advantages"].to(self.device), mask,
                                       loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=scale,
-                                      on_policy=on_policy, **norms)
+                                      on_policy=on_policy, rollout_is_weights=weights, **norms)
             ref = mb["ref_log_probs"].to(self.device) if cfg.use_kl_loss else None
             return compute_actor_loss(policy_loss, inputs, cfg, entropy=entropy, ref_log_prob=ref)
 

@@ -220,3 +220,18 @@ def test_kl_loss_uses_the_named_estimator():
     close(compute_kl_loss(log_prob, ref, mask, "k1", "token-mean"), -0.25)  # (0.5 - 1) / 2
     # k3 with r = ref - log_prob = -0.5, 1: (e^-0.5 + 0.5 - 1 + e^1 - 1 - 1) / 2
     close(compute_kl_loss(log_prob, ref, mask, "low_var_kl", "token-mean"), 0.412406)
+
+
+def test_rollout_correction_weights_multiply_the_clipped_token_losses_before_aggregation():
+    # vanilla, ratios 1.5, 0.5, 1.1 (old = 0), A = 1, 1, -1: clipped token losses -1.2, -0.5, 1.1;
+    # weights 2, 0.5, 1 -> -2.4, -0.25, 1.1; token-mean over 3: -1.55 / 3. The weights carry no gradient.
+    log_prob = torch.tensor([[1.5, 0.5, 1.1]]).log().requires_grad_(True)
+    adv, mask = torch.tensor([[1.0, 1.0, -1.0]]), torch.ones(1, 3)
+    weights = torch.tensor([[2.0, 0.5, 1.0]])
+    loss, _ = compute_policy_loss_vanilla(torch.zeros(1, 3), log_prob, adv, mask, rollout_is_weights=weights)
+    close(loss, -1.55 / 3)
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    close(grad, [[0.0, -0.5 * 0.5 / 3, 1.1 / 3]])  # d(-A r w)/d log r = -A r w, / 3 tokens; token 0 is clipped
+    # gspo: one ratio per row (here 1: old = new), so the weighted loss is -A w per token
+    loss, _ = compute_policy_loss_gspo(torch.zeros(1, 3), torch.zeros(1, 3), adv, mask, rollout_is_weights=weights)
+    close(loss, -(2.0 + 0.5 - 1.0) / 3)

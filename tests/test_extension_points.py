@@ -16,7 +16,7 @@ from nanoverl_core import RLBatch, load_config, load_registry
 from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss, loss_totals
 from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.builtins.debug import make_rollout, make_workers
-from nanoverl_core.builtins.debug_settings import DebugModelSettings
+from nanoverl_core.builtins.debug_settings import DebugModelSettings, DebugRolloutSettings
 from nanoverl_core.errors import ConfigError
 from nanoverl_core.testing import check_actor, check_rollout, prompt_batch
 
@@ -53,7 +53,7 @@ def test_settings_of_a_component_that_is_not_selected_are_ignored_with_a_warning
     registry = load_registry()
     registry.add("rollout", "other", "x:y", "somebody")
     cfg = load_config(config, registry=registry)
-    assert cfg.rollout.name == "debug" and cfg.rollout.settings is None
+    assert cfg.rollout.name == "debug" and cfg.rollout.settings == DebugRolloutSettings()
     assert "[rollout.other] is ignored" in capsys.readouterr().err
 
 
@@ -167,12 +167,15 @@ def test_the_on_policy_shortcut_is_an_explicit_flag_that_needs_a_single_step():
 
 
 # ---- contracts --------------------------------------------------------------------------------
-def test_the_debug_backends_keep_the_rollout_and_actor_contracts():
-    cfg = load_config(PPO)
+@pytest.mark.parametrize("log_probs", [False, True])
+def test_the_debug_backends_keep_the_rollout_and_actor_contracts(log_probs):
+    cfg = load_config(PPO, [f"rollout.debug.log_probs={str(log_probs).lower()}"])
     workers = make_workers(cfg)
     batch = prompt_batch(workers.tokenizer, ["12=", "345=", "6="], n=2)
     batch.update(check_rollout(make_rollout(cfg, workers), batch, max_new_tokens=4))
     check_actor(workers.actor, batch)
+    if log_probs:  # the engine's log-probs are the trainer's, up to float rounding
+        torch.testing.assert_close(batch["rollout_log_probs"], workers.actor.compute_log_probs(batch), atol=1e-5, rtol=0)
 
 
 def test_a_broken_rollout_fails_the_contract_check_by_rule():
@@ -181,6 +184,8 @@ def test_a_broken_rollout_fails_the_contract_check_by_rule():
     rollout = make_rollout(cfg, workers)
 
     class Unseeded:
+        returns_log_probs = False
+
         def generate(self, batch, params):
             with torch.random.fork_rng():
                 torch.manual_seed(torch.seed())   # draws its own seed: runs cannot be reproduced

@@ -105,3 +105,38 @@ def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     # the resumed timeline's saves (3, 4, 5) are the complete ones; the old 3 and 4 are kept aside
     assert names == ["abandoned-step_000003", "abandoned-step_000004", "step_000003", "step_000004", "step_000005"]
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
+
+
+def test_rollout_log_probs_give_mismatch_metrics_and_the_correction_trains(tmp_path):
+    """The debug rollout returns its own log-probs ([rollout.debug] log_probs): every step logs the
+    rollout_corr/ metrics (the same model, so the mismatch is float rounding), and with truncated
+    importance weights plus geometric rejection on, the copy task still learns as without them."""
+    common = ["--config", REINFORCE, QUIET, "rollout.debug.log_probs=true", "trainer.total_steps=100",
+              "trainer.val_every=100", "tracking.trackers=[jsonl]"]
+    plain, corrected = tmp_path / "plain", tmp_path / "corrected"
+    assert run_cli(*common, f"trainer.output_dir={plain}").returncode == 0
+    proc = run_cli(*common, f"trainer.output_dir={corrected}", "algorithm.rollout_correction.is_level=token",
+                   "algorithm.rollout_correction.rs_level=geometric", "algorithm.rollout_correction.rs_threshold_high=1.5")
+    assert proc.returncode == 0, proc.stderr
+    a, b = read_metrics(plain), read_metrics(corrected)
+    assert all(abs(r["rollout_corr/kl_k1"]) < 1e-5 and r["rollout_corr/abs_diff_max"] < 1e-4 for r in a)
+    assert all(abs(r["rollout_corr/is_weight_mean"] - 1) < 1e-4 and r["rollout_corr/rs_token_frac"] == 0 for r in b)
+    # measured (seed 0): val 1.0 in both; the weights are 1 to float rounding, so the runs agree closely
+    assert a[-1]["val/reward/mean"] >= 0.8 and b[-1]["val/reward/mean"] >= 0.8
+    assert abs(a[-1]["val/reward/mean"] - b[-1]["val/reward/mean"]) < 0.1
+
+
+def test_rollout_correction_with_a_rollout_that_returns_no_log_probs_exits_2(tmp_path):
+    proc = run_cli("--config", REINFORCE, QUIET, "algorithm.rollout_correction.rs_level=token",
+                   f"trainer.output_dir={tmp_path}")
+    assert_user_error(proc, "algorithm.rollout_correction.rs_level = 'token' needs the rollout's own log-probs",
+                      "rollout.name = 'debug' returns none", "[rollout.debug] log_probs = true")
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_truncated_sampling_with_rollout_log_probs_is_warned_about(tmp_path):
+    proc = run_cli("--config", REINFORCE, QUIET, "rollout.debug.log_probs=true", "rollout.top_p=0.9",
+                   "trainer.total_steps=1", "trainer.val_every=0", f"trainer.output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: rollout sampling truncates the distribution (top_p=0.9)" in proc.stderr
+    assert read_metrics(tmp_path)[0]["rollout_corr/kl_k1"] > 0  # the kept mass shows up as a mismatch

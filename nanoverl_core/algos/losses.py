@@ -117,6 +117,9 @@ class PolicyLossInputs:
     on_policy: bool = False
     """True when this is the step's only update and nothing changed the policy since sampling:
     old_log_prob is log_prob.detach(), every ratio is exactly 1, and clipping cannot happen."""
+    rollout_is_weights: torch.Tensor | None = None
+    """(B, R) detached rollout-correction importance weights (algorithm.rollout_correction), or None:
+    multiply them into the per-token policy losses before aggregating, as the built-ins do."""
 
     def aggregate(self, loss_mat: torch.Tensor) -> torch.Tensor:
         """agg_loss of a (B, R) token loss matrix with the mini-batch normalisers."""
@@ -142,7 +145,8 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
                                 clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0,
                                 log_ratio_clamp: float = 20.0, loss_agg_mode: str = "token-mean",
                                 num_tokens: float | None = None, num_seqs: float | None = None,
-                                loss_scale_factor: float | None = None) -> tuple[torch.Tensor, Metrics]:
+                                loss_scale_factor: float | None = None,
+                                rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
     """Clipped PPO surrogate loss (to minimise) and its metrics (verl `compute_policy_loss_vanilla`).
 
     old_log_prob:  (B, R) log pi_old(token), from the rollout policy before this update (no grad)
@@ -152,7 +156,8 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
 
     Token ratio r = exp(clamp(log_prob - old_log_prob, -log_ratio_clamp, +log_ratio_clamp)),
     loss_t = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high))     (clip-higher)
-    and for A < 0 the dual clip caps it: loss_t = min(loss_t, -A * clip_ratio_c).
+    and for A < 0 the dual clip caps it: loss_t = min(loss_t, -A * clip_ratio_c); then, with
+    rollout_is_weights (B, R), loss_t *= w_t (rollout correction, where verl applies it).
     The token losses are aggregated by agg_loss(loss_agg_mode, num_tokens, num_seqs, loss_scale_factor).
 
     Metrics (detached shares of the mini-batch's token means, see the module docstring):
@@ -171,6 +176,8 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
     negative = advantages < 0
     dual_active = torch.gt(pg_losses, dual_bound) & negative
     pg_losses = torch.where(negative, torch.minimum(pg_losses, dual_bound), pg_losses)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                     loss_scale_factor=loss_scale_factor)
     return loss, {"actor/pg_clipfrac": token_mean_share(torch.gt(clipped, unclipped).float(), response_mask, num_tokens),
@@ -182,15 +189,15 @@ def compute_policy_loss_gspo(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                              response_mask: torch.Tensor, *, clip_ratio_low: float = 0.2,
                              clip_ratio_high: float = 0.2, log_ratio_clamp: float = 20.0,
                              loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
-                             num_seqs: float | None = None,
-                             loss_scale_factor: float | None = None) -> tuple[torch.Tensor, Metrics]:
+                             num_seqs: float | None = None, loss_scale_factor: float | None = None,
+                             rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
     """GSPO (verl `compute_policy_loss_gspo`, https://arxiv.org/abs/2507.18071): one ratio per sequence.
 
     Tensors as in compute_policy_loss_vanilla. s = exp(mean over valid tokens of log_prob -
     old_log_prob) (geometric mean of token ratios), written per token as
     log s_t = sg[log s] + log_prob - sg[log_prob] so each token's gradient is s * grad log_prob;
-    clamped to +-log_ratio_clamp before exp, PPO-clipped like vanilla, no dual clip. Combine with
-    loss_agg_mode="seq-mean-token-mean" to reproduce the paper.
+    clamped to +-log_ratio_clamp before exp, PPO-clipped like vanilla, no dual clip, then multiplied
+    by rollout_is_weights if given. Combine with loss_agg_mode="seq-mean-token-mean" to reproduce the paper.
     Metrics: actor/pg_clipfrac (tokens whose clipped term is larger) and actor/ppo_kl (mean of the
     raw token log-ratio old - new, as verl).
     """
@@ -201,8 +208,11 @@ def compute_policy_loss_gspo(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
     ratio = torch.exp(torch.clamp(log_s, -log_ratio_clamp, log_ratio_clamp))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss = agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode, num_tokens=num_tokens,
-                    num_seqs=num_seqs, loss_scale_factor=loss_scale_factor)
+    pg_losses = torch.maximum(unclipped, clipped)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                    loss_scale_factor=loss_scale_factor)
     return loss, {"actor/pg_clipfrac": token_mean_share(torch.gt(clipped, unclipped).float(), response_mask, num_tokens),
                   "actor/ppo_kl": token_mean_share(-token_log_ratio, response_mask, num_tokens)}
 
@@ -212,7 +222,8 @@ def vanilla(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     loss, metrics = compute_policy_loss_vanilla(
         inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.response_mask,
         clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
-        clip_ratio_c=config.clip_ratio_c, log_ratio_clamp=config.log_ratio_clamp, **inputs.norms)
+        clip_ratio_c=config.clip_ratio_c, log_ratio_clamp=config.log_ratio_clamp,
+        rollout_is_weights=inputs.rollout_is_weights, **inputs.norms)
     return loss, ({} if inputs.on_policy else metrics)  # ratio 1 everywhere: the metrics are 0 by construction
 
 
@@ -221,7 +232,7 @@ def gspo(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     loss, metrics = compute_policy_loss_gspo(
         inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.response_mask,
         clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
-        log_ratio_clamp=config.log_ratio_clamp, **inputs.norms)
+        log_ratio_clamp=config.log_ratio_clamp, rollout_is_weights=inputs.rollout_is_weights, **inputs.norms)
     return loss, ({} if inputs.on_policy else metrics)
 
 

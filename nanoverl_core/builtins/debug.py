@@ -19,7 +19,7 @@ from ..config import Config
 from ..errors import DataError
 from ..rollout import SamplingParams, responses_to_batch
 from ..workers import NonFiniteError, TorchActor, TorchCritic, Workers, resolve_device
-from .debug_settings import DebugModelSettings
+from .debug_settings import DebugModelSettings, DebugRolloutSettings
 
 
 class CharTokenizer:
@@ -86,10 +86,9 @@ class TinyCausalLM(nn.Module):
         return SimpleNamespace(logits=self.head(self.norm(x)))
 
 
-def sample_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(B, V) logits -> (B,) token ids with temperature, top-k and top-p (greedy when temperature is 0)."""
-    if params.greedy:
-        return logits.argmax(-1)
+def sampling_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(B, V) logits of the distribution a sampled token is drawn from: divided by the temperature,
+    then everything outside the top-k and the top-p nucleus set to -inf."""
     logits = logits / params.temperature
     if params.top_k:
         kth = logits.topk(min(params.top_k, logits.shape[-1])).values[:, -1:]
@@ -99,30 +98,45 @@ def sample_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Te
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) > params.top_p  # keep the smallest prefix reaching top_p
         logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    return torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
+    return logits
+
+
+def sample_from_logits(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, V) logits -> (B,) token ids with temperature, top-k and top-p (greedy when temperature is 0),
+    and (B,) each token's log-prob under the distribution it was drawn from (the raw softmax when greedy)."""
+    if params.greedy:
+        token = logits.argmax(-1)
+        return token, torch.log_softmax(logits, -1).gather(-1, token[:, None]).squeeze(-1)
+    logits = sampling_logits(logits, params)
+    token = torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
+    return token, torch.log_softmax(logits, -1).gather(-1, token[:, None]).squeeze(-1)
 
 
 class DebugRollout:
-    """Token-by-token sampling with the actor's own module (shared in-process, so sync is free)."""
+    """Token-by-token sampling with the actor's own module (shared in-process, so sync is free).
+    With [rollout.debug] log_probs = true it also returns rollout_log_probs, as an engine would."""
 
     def __init__(self, config: Config, workers: Workers):
         self.tokenizer = workers.tokenizer
         self.module = workers.actor.module
         self.device = workers.actor.device
+        self.returns_log_probs = (config.rollout.settings or DebugRolloutSettings()).log_probs
 
     @torch.no_grad()
     def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
         ids, mask = batch["prompts"].to(self.device), batch["prompt_mask"].to(self.device)
         done = torch.zeros(len(batch), dtype=torch.bool, device=self.device)
-        out = []
+        out, log_probs = [], []
         for _ in range(params.max_new_tokens):
             logits = self.module(input_ids=ids, attention_mask=mask).logits[:, -1].float()
             if not torch.isfinite(logits).all():
                 raise NonFiniteError("the policy's logits are NaN/inf during rollout: its weights diverged (often "
                                      "a learning rate that is too high); lower actor.lr and resume from an earlier "
                                      "checkpoint (trainer.resume=PATH)")
-            token = sample_from_logits(logits, params).masked_fill(done, self.tokenizer.pad_token_id)
+            token, log_prob = sample_from_logits(logits, params)
+            token = token.masked_fill(done, self.tokenizer.pad_token_id)
             out.append(token)
+            log_probs.append(log_prob)
             ids = torch.cat([ids, token[:, None]], 1)
             mask = torch.cat([mask, (~done).long()[:, None]], 1)
             done |= token == self.tokenizer.eos_token_id
@@ -130,7 +144,8 @@ class DebugRollout:
                 break
         tokens = torch.stack(out, 1).tolist()
         return responses_to_batch(tokens, eos_token_id=self.tokenizer.eos_token_id,
-                                  pad_token_id=self.tokenizer.pad_token_id, max_new_tokens=params.max_new_tokens)
+                                  pad_token_id=self.tokenizer.pad_token_id, max_new_tokens=params.max_new_tokens,
+                                  log_probs=torch.stack(log_probs, 1).tolist() if self.returns_log_probs else None)
 
     def sync_weights(self, actor) -> None:
         """Nothing to copy: generation runs on the actor's own module."""

@@ -1,4 +1,4 @@
-"""[worker.debug]: the size of the debug worker's tiny transformer (no torch import: checking a config stays fast)."""
+"""[worker.debug] and [rollout.debug]: the debug backends' settings (no torch import: checking a config stays fast)."""
 
 import attrs
 
@@ -13,3 +13,10 @@ class DebugModelSettings:
     """Hidden size of its tiny transformer (a multiple of its 4 heads)."""
     num_layers: int = attrs.field(default=2, validator=_positive)
     """Number of transformer blocks."""
+
+
+@attrs.define
+class DebugRolloutSettings:
+    log_probs: bool = False
+    """Return rollout_log_probs (each sampled token's log-prob under the distribution it was drawn
+    from), as vLLM does, so rollout correction and its metrics run on the debug backends."""

@@ -7,7 +7,8 @@ _HERE = "nanoverl_core.builtins"
 
 @hookimpl
 def register_rollouts(register):
-    register("debug", f"{_HERE}.debug:make_rollout", description="token-by-token sampling with the debug worker's tiny model")
+    register("debug", f"{_HERE}.debug:make_rollout", settings=f"{_HERE}.debug_settings:DebugRolloutSettings",
+             description="token-by-token sampling with the debug worker's tiny model ([rollout.debug] log_probs)")
 
 
 @hookimpl

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from ..algos.rollout_correction import truncated_sampling_warning
 from ..config import Config, component_settings
 from ..errors import ConfigError
 from ..plugins import Registry
@@ -43,3 +45,17 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
     return {"config": config.to_dict(),
             "plugins": [{"kind": k, "name": n, "provider": registry.entry(k, n).provider} for k, n in chosen],
             "versions": registry.versions()}
+
+
+def check_rollout_log_probs(config: Config, rollout) -> None:
+    """Rollout correction needs the engine's own log-probs; a truncated sampling distribution biases them."""
+    rc, has = config.algorithm.rollout_correction, bool(getattr(rollout, "returns_log_probs", False))
+    if rc.enabled and not has:
+        key, value = next((k, v) for k, v in (("is_level", rc.is_level), ("rs_level", rc.rs_level), ("rs_kl", rc.rs_kl))
+                          if v != "off")
+        raise ConfigError(f"algorithm.rollout_correction.{key} = {value!r} needs the rollout's own log-probs, but "
+                          f"rollout.name = {config.rollout.name!r} returns none; use a rollout that does (vllm, or debug "
+                          f"with [rollout.debug] log_probs = true) or set algorithm.rollout_correction.{key} = 'off'")
+    warning = truncated_sampling_warning(config.rollout.top_p, config.rollout.top_k) if has else None
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)

@@ -23,20 +23,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
-from ..algos import apply_kl_penalty, filter_uniform_groups, kl_penalty, make_kl_controller, masked_mean
+from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_uniform_groups, kl_penalty,
+                     make_kl_controller, masked_mean)
 from ..batch import RLBatch
 from ..config import Config
 from ..data import StatefulSampler, collate, load_prompts
 from ..plugins import Registry
 from ..reward import place_scores
-from ..rollout import SamplingParams
+from ..rollout import SamplingParams, decode_responses
 from ..workers import NonFiniteError
 from .checkpoint import checkpoint_root, find_resume, load_checkpoint, read_tracker_states, save_checkpoint
 from .dist import is_rank0, shard_rollout
-from .resolve import resolve_plugins
+from .resolve import check_rollout_log_probs, resolve_plugins
 from .validation import validate
 
 
@@ -71,6 +73,7 @@ class Trainer:
         self.workers = plugins["worker"](cfg)
         self.tokenizer = self.workers.tokenizer
         self.rollout = plugins["rollout"](cfg, self.workers)
+        check_rollout_log_probs(cfg, self.rollout)
         self.train_data = load_prompts(cfg.data.train_files, cfg.data, self.tokenizer)
         self.val_data = load_prompts(cfg.data.val_files, cfg.data, self.tokenizer, "data.val_files") \
             if cfg.data.val_files else None
@@ -103,14 +106,14 @@ class Trainer:
         success = False
         try:
             if cfg.val_before_train and self.step == 0 and self.val_data is not None:
-                self._log(validate(self), step=0)
+                self._tracker_call("log_metrics", validate(self), 0)
             while self.step < cfg.total_steps:
                 self.step += 1
                 metrics = self.train_step()
                 last = self.step == cfg.total_steps
                 if self.val_data is not None and cfg.val_every and (self.step % cfg.val_every == 0 or last):
                     metrics.update(validate(self))
-                self._log(metrics, self.step)
+                self._tracker_call("log_metrics", metrics, self.step)
                 if last or (cfg.save_every and self.step % cfg.save_every == 0):
                     self.save()
             success = True
@@ -127,6 +130,7 @@ class Trainer:
                 batch = expand(self.next_batch(), cfg.rollout.n)                 # 1-2. prompts, n samples each
             with timed(timing, "rollout"):
                 batch.update(self.generate(batch))                              # 3. responses
+            metrics.update(rollout_metrics(batch))
             with timed(timing, "reward"):
                 scored, reward_metrics = self.score(batch)                      # 4. sequence scores
                 batch.update(scored)
@@ -137,8 +141,8 @@ class Trainer:
                 if len(batch) == 0:
                     print(f"warning: step {self.step}: every group had equal rewards; no update", file=sys.stderr)
                     return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
-            with timed(timing, "old_log_probs"):                              # 5. (~0 s when on-policy:
-                if not self.on_policy:                                          #    the update's own forward)
+            with timed(timing, "old_log_probs"):                              # 5. (~0 s when on-policy: the
+                if not self.on_policy or "rollout_log_probs" in batch:          #    update's own forward)
                     batch["old_log_probs"] = actor.compute_log_probs(batch)
             if reference is not None:
                 with timed(timing, "ref_log_probs"):
@@ -146,6 +150,11 @@ class Trainer:
             if critic is not None:
                 with timed(timing, "values"):
                     batch["values"] = critic.compute_values(batch)
+            if "rollout_log_probs" in batch:
+                with timed(timing, "rollout_correction"):
+                    corrected, corr_metrics = self.correct_rollout(batch)       # 6b. mismatch, IS, rejection
+                    batch.update(corrected)
+                    metrics.update(corr_metrics)
             with timed(timing, "advantages"):
                 advantages, adv_metrics = self.compute_advantages(batch)        # 7.
                 batch.update(advantages)
@@ -166,7 +175,7 @@ class Trainer:
                                          "resume, or set trainer.on_nonfinite=skip to drop such updates") from None
                 print(f"warning: step {self.step}: {exc}; skipped (trainer.on_nonfinite=skip)", file=sys.stderr)
                 metrics["actor/skipped_updates"] = 1.0
-        metrics.update(batch_metrics(batch, timing))                            # 11. (logged by fit)
+        metrics.update(batch_metrics(batch, timing, metrics))                   # 11. (logged by fit)
         self.write_rollouts(batch)
         return metrics
 
@@ -189,17 +198,21 @@ class Trainer:
     def score(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
         """Decode responses and score them: response_text, score (B,) and token_level_scores (B, R),
         each score on its row's last response token."""
-        lengths = batch["response_mask"].sum(-1).int().tolist()                # the mask is a prefix of each row
-        rows = [ids[:n] for ids, n in zip(batch["responses"].tolist(), lengths)]
-        batch_decode = getattr(self.tokenizer, "batch_decode", None)             # one call for the batch (HF)
-        texts = batch_decode(rows, skip_special_tokens=True) if batch_decode else \
-            [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in rows]
+        texts = decode_responses(self.tokenizer, batch)
         scores, metrics = self.reward.score(batch, texts)
         metrics["reward/mean"] = float(scores.mean())
         metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
         scored = RLBatch({"score": scores, "token_level_scores": place_scores(scores, batch["response_mask"])},
                          {"response_text": texts})
         return scored, metrics
+
+    def correct_rollout(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
+        """rollout_corr/ metrics of the engine's log-probs against the trainer's; with
+        algorithm.rollout_correction on, rollout_is_weights (B, R) and a response_mask without rejected tokens."""
+        rc = compute_rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+                                        **attrs.asdict(self.config.algorithm.rollout_correction))
+        weights = {} if rc.weights is None else {"rollout_is_weights": rc.weights}
+        return RLBatch({"response_mask": rc.mask, **weights}), {k: float(v) for k, v in rc.metrics.items()}
 
     def compute_advantages(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
         """token_level_rewards (scores minus the in-reward KL, if on), advantages and returns (B, R)."""
@@ -224,9 +237,6 @@ class Trainer:
                 getattr(tracker, method)(*args)
             except Exception as exc:
                 print(f"warning: tracker {name}: {method} failed ({type(exc).__name__}: {exc})", file=sys.stderr)
-
-    def _log(self, metrics: dict[str, float], step: int) -> None:
-        self._tracker_call("log_metrics", metrics, step)
 
     def write_rollouts(self, batch: RLBatch) -> None:
         k = self.config.trainer.rollout_samples
@@ -274,17 +284,17 @@ def expand(batch: RLBatch, n: int) -> RLBatch:
     return batch.repeat_interleave(n)
 
 
-def batch_metrics(batch: RLBatch, timing: dict[str, float]) -> dict[str, float]:
-    mask = batch["response_mask"]
-    lengths = mask.sum(-1)
-    tokens = float(lengths.sum() + batch["prompt_mask"].sum())
-    out = {"rollout/response_length/mean": float(lengths.mean()),
-           "rollout/response_length/max": float(lengths.max()),
-           "rollout/prompt_length/mean": float(batch["prompt_mask"].sum(-1).float().mean()),
-           "throughput/tokens_per_s": tokens / max(timing["step"], 1e-9)}
+def rollout_metrics(batch: RLBatch) -> dict[str, float]:
+    """What was sampled, before any rollout correction changes the response mask."""
+    lengths, prompts = batch["response_mask"].sum(-1), batch["prompt_mask"].sum(-1).float()
+    return {"rollout/response_length/mean": float(lengths.mean()), "rollout/response_length/max": float(lengths.max()),
+            "rollout/prompt_length/mean": float(prompts.mean()), "rollout/tokens": float(lengths.sum() + prompts.sum())}
+
+
+def batch_metrics(batch: RLBatch, timing: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
+    out = {"throughput/tokens_per_s": metrics["rollout/tokens"] / max(timing["step"], 1e-9)}
     if "values" in batch:
-        out["critic/values/mean"] = float(masked_mean(batch["values"], mask))
-        out["critic/returns/mean"] = float(masked_mean(batch["returns"], mask))
+        out["critic/values/mean"] = float(masked_mean(batch["values"], batch["response_mask"]))
+        out["critic/returns/mean"] = float(masked_mean(batch["returns"], batch["response_mask"]))
     out.update({f"timing/{k}": v for k, v in timing.items()})
     return out
-

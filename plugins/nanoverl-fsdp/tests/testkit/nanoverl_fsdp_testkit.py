@@ -29,6 +29,7 @@ class PerPromptRollout:
         from nanoverl_hf.rollout import HFRollout
 
         self.inner = HFRollout(config, workers)
+        self.returns_log_probs = self.inner.returns_log_probs
         self.sleep = float(os.environ.get("NANOVERL_TEST_ROLLOUT_SLEEP", "0"))
 
     def sync_weights(self, actor):

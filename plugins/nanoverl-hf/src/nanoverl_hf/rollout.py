@@ -42,6 +42,9 @@ class InverseCDFSampler:
 
 
 class HFRollout:
+    returns_log_probs = False
+    """generate() adds no rollout_log_probs (its CPU sampler's scores are not log-probs)."""
+
     def __init__(self, config: Config, workers, *, share: bool | None = None):
         """`share=None` shares the actor's module whenever that is safe; tests force either mode."""
         self.config = config

@@ -58,7 +58,7 @@ class VLLMRollout:
         self.config = config
         self.tokenizer = workers.tokenizer
         self.actor = workers.actor                                  # re-read after a sleep or a failed sync
-        self.log_probs = log_probs
+        self.log_probs = self.returns_log_probs = log_probs
         self.sleep = engine.sleep_supported() if sleep is None else sleep
         self.eos_token_ids = stop_token_ids(self.tokenizer, self.actor.module)
         self.folder = Path(tempfile.mkdtemp(prefix="nanoverl-vllm-"))   # config.json (+ weights on restart)
