@@ -1,8 +1,10 @@
-"""`nanoverl-train`: train, validate a config (--dry-run), or list plugins.
+"""`nanoverl-train`: train, validate a config (--dry-run), list plugins, evaluate, export.
 
     nanoverl-train --config FILE [section.key=value ...]
     nanoverl-train --config FILE --dry-run [overrides]
     nanoverl-train plugins [--json]
+    nanoverl-train eval --config FILE [--checkpoint DIR] [--json] [overrides]
+    nanoverl-train export RUN_DIR_OR_CHECKPOINT OUT_DIR
 
 Exit status: 0 success; 2 a user error (one `error:` line on stderr, no traceback); anything else is a bug.
 """
@@ -14,6 +16,7 @@ import errno
 import json
 import os
 import sys
+from pathlib import Path
 
 from .config import load_config
 from .errors import UserError
@@ -27,7 +30,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _train_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nanoverl-train", description="Train a language model with RL (PPO, GRPO and relatives).",
-                epilog="Other command: `nanoverl-train plugins [--json]` lists installed plugins.")
+                epilog="Other commands: `nanoverl-train plugins [--json]` lists installed plugins; "
+                       "`nanoverl-train eval --config FILE [--checkpoint DIR]` evaluates a model; "
+                       "`nanoverl-train export RUN_DIR_OR_CHECKPOINT OUT_DIR` writes a save_pretrained folder.")
     p.add_argument("--config", required=True, help="TOML, YAML or JSON config file")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the config, resolve every plugin name, print the resolved config; load no model")
@@ -74,11 +79,42 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
+def cmd_eval(argv: list[str]) -> int:
+    p = _Parser(prog="nanoverl-train eval", description="Evaluate the base model or a checkpoint on the config's "
+                "validation data with its rollout (greedy, and sampled with rollout.val_n samples); writes nothing.")
+    p.add_argument("--config", required=True, help="TOML, YAML or JSON config file")
+    p.add_argument("--checkpoint", type=Path, help="a checkpoints/step_<N> folder or a run directory (its newest)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
+    args = p.parse_args(argv)
+    registry = load_registry()
+    config = load_config(args.config, args.overrides, registry=registry)
+    from .trainer.commands import format_eval, run_eval
+    report = run_eval(config, registry, args.checkpoint)
+    print(json.dumps(report, indent=2) if args.json else format_eval(report))
+    return 0
+
+
+def cmd_export(argv: list[str]) -> int:
+    p = _Parser(prog="nanoverl-train export", description="Write a checkpoint's policy as a plain save_pretrained "
+                "folder (weights, config, tokenizer) that transformers and vLLM load.")
+    p.add_argument("source", type=Path, metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="a run directory (its newest checkpoint) or a checkpoints/step_<N> folder")
+    p.add_argument("out", type=Path, metavar="OUT_DIR", help="a new (or empty) folder")
+    args = p.parse_args(argv)
+    from .trainer.commands import run_export
+    print(f"wrote {run_export(args.source, args.out, load_registry())}")
+    return 0
+
+
+COMMANDS = {"plugins": cmd_plugins, "eval": cmd_eval, "export": cmd_export}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv[:1] == ["plugins"]:
-            return cmd_plugins(argv[1:])
+        if argv[:1] and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]](argv[1:])
         return cmd_train(argv)
     except UserError as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held

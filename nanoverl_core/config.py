@@ -645,7 +645,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
                 registry=None) -> Config:
     """Read a TOML / YAML / JSON config, apply dotted overrides, structure and validate it, and give
     each selected component its settings (`registry`: the installed plugins, discovered if None)."""
-    data = _read_file(Path(path)) if path else {}
+    return config_from_dict(_read_file(Path(path)) if path else {}, overrides, registry=registry)
+
+
+def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = (), *, registry=None) -> Config:
+    """`load_config` of an already parsed mapping (a run's config.json holds one under "config")."""
+    data = json.loads(json.dumps(data))  # a private copy: overrides and table extraction edit it
     for override in overrides:
         apply_override(data, override)
     _drop_disabled_parts(data, overrides)

@@ -64,7 +64,9 @@ def register_workers(register: Register) -> None:
     obj: ``make_workers(config: Config) -> Workers``: the tokenizer plus the actor, the reference
     (``None`` unless ``reference.enable``) and the critic (``None`` unless ``critic.enable``), which
     follow ``nanoverl_core.protocols.Actor`` / ``Critic``. ``nanoverl_core.TorchActor`` and
-    ``TorchCritic`` implement them over any Hugging Face-style torch module.
+    ``TorchCritic`` implement them over any Hugging Face-style torch module. Optionally
+    ``make_workers.export_checkpoint(checkpoint: Path, out: Path, config: Config)`` writes a checkpoint's
+    policy as a save_pretrained folder into ``out``: what ``nanoverl-train export`` calls.
     """
 
 

@@ -17,6 +17,7 @@ import random
 import re
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -194,9 +195,38 @@ def read_tracker_states(path: Path) -> dict[str, Any]:
     return json.loads((path / "state.json").read_text()).get("trackers", {})
 
 
+@contextmanager
+def reading_checkpoint(path: Path):
+    """What the disk and the formats raise while a checkpoint is read (and files that do not fit the
+    model, CheckpointMismatch) becomes one CheckpointError naming the checkpoint; bugs propagate."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except pickle.UnpicklingError:  # weights_only torch.load met a pickled object that is not plain tensor data
+        raise CheckpointError(f"checkpoint {path} holds pickled Python objects besides tensors, which nanoverl never "
+                              "loads (unpickling can run arbitrary code); it was not written by nanoverl or was "
+                              "tampered with; resume from another checkpoint or delete it") from None
+    except (SafetensorError, OSError, EOFError, json.JSONDecodeError, CheckpointMismatch) as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise CheckpointError(f"checkpoint {path} cannot be loaded ({detail}); it is damaged, was not written by "
+                              "nanoverl, or does not match this config; use another checkpoint "
+                              "(trainer.resume=PATH) or delete it") from None
+
+
+def find_checkpoint(path: Path, key: str) -> Path:
+    """`path` itself if it is a complete checkpoint, else the newest complete one of the run directory `path`."""
+    if (path / "state.json").is_file():
+        return path
+    found = complete_checkpoints(checkpoint_root(path))
+    if not found:
+        raise CheckpointError(f"{key} = {str(path)!r} is neither a checkpoint folder (checkpoints/step_<N>, with "
+                              "state.json) nor a run directory with complete checkpoints; fix the path")
+    return found[-1]
+
+
 def load_checkpoint(path: Path, workers) -> dict[str, Any]:
     """Restore workers and RNG from a complete checkpoint; return the trainer state."""
-    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not (path / "state.json").is_file():
@@ -205,21 +235,11 @@ def load_checkpoint(path: Path, workers) -> dict[str, Any]:
     if workers.critic is not None and not (path / "critic").is_dir():
         raise CheckpointError(f"trainer.resume: {path} has no critic but critic.enable = true; "
                               "resume with the config the run was started with")
-    try:
+    with reading_checkpoint(path):
         workers.actor.load(path / "actor")
         if workers.critic is not None:
             workers.critic.load(path / "critic")
         state = json.loads((path / "state.json").read_text())
         rng = load_file(str(path / "rng.safetensors"))
-    except pickle.UnpicklingError:  # weights_only torch.load met a pickled object that is not plain tensor data
-        raise CheckpointError(f"trainer.resume: checkpoint {path} holds pickled Python objects besides tensors, "
-                              "which nanoverl never loads (unpickling can run arbitrary code); it was not written "
-                              "by nanoverl or was tampered with; resume from another checkpoint or delete it") from None
-    # a truncated or foreign file (what the disk and the formats raise), or files that do not fit this config
-    except (SafetensorError, OSError, EOFError, json.JSONDecodeError, CheckpointMismatch) as exc:
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        raise CheckpointError(f"trainer.resume: checkpoint {path} cannot be loaded ({detail}); it is damaged, was "
-                              "not written by nanoverl, or does not match this config; resume from another "
-                              "checkpoint (trainer.resume=PATH) or delete it") from None
     set_rng_state(state.pop("rng"), rng)
     return state

@@ -122,3 +122,19 @@ def test_run_directory_exports_to_a_transformers_folder(runs):
     assert main([str(runs["two"])]) == 0
     model = AutoModelForCausalLM.from_pretrained(runs["two"] / "final_model")
     assert model.config.use_cache and sum(p.numel() for p in model.parameters()) == 83_136
+
+
+def test_nanoverl_train_export_joins_the_shards_of_a_two_rank_run(runs, tmp_path):
+    """`nanoverl-train export` dispatches to the run's worker (fsdp): the same folder as nanoverl_fsdp.export."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nanoverl_fsdp.export import full_state_dict
+
+    out = tmp_path / "exported"
+    proc = run([sys.executable, "-m", "nanoverl_core.cli", "export", str(runs["two"]), str(out)])
+    assert f"wrote {out}" in proc.stdout
+    model = AutoModelForCausalLM.from_pretrained(out)
+    newest = sorted((runs["two"] / "checkpoints").glob("step_*"))[-1]
+    for name, tensor in full_state_dict(newest / "actor").items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)

@@ -46,3 +46,79 @@ def test_a_missing_gguf_file_exits_2_with_one_error_line(tmp_path):
     lines = run.stderr.strip().splitlines()
     assert lines[-1].startswith("error: model.path") and "does not exist" in lines[-1], run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Two GRPO-free (REINFORCE++) steps of the tiny copy task with the hf worker, checkpointed."""
+    run = tmp_path_factory.mktemp("tiny_run") / "run"
+    proc = train("--config", "examples/configs/tiny_grpo.toml", "algorithm.advantage_estimator=reinforce_plus_plus",
+                 "trainer.total_steps=2", "trainer.val_every=0", "trainer.progress=none", "actor.lr=1e-2",
+                 "tracking.trackers=[jsonl]", f"trainer.output_dir={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+def test_export_writes_a_folder_transformers_loads_with_the_trained_logits(tiny_run, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nanoverl_core import load_config
+    from nanoverl_hf.workers import make_workers
+
+    out = tmp_path / "exported"
+    proc = train("export", str(tiny_run), str(out))
+    assert proc.returncode == 0 and f"wrote {out}" in proc.stdout, proc.stderr[-3000:]
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    # the trainer's own view of the checkpoint: the hf worker, loaded the way a resume loads it
+    config = load_config(REPO / "examples" / "configs" / "tiny_grpo.toml", ["trainer.device=cpu"])
+    actor = make_workers(config).actor
+    actor.load(tiny_run / "checkpoints" / "step_000002" / "actor")
+    ids = torch.tensor([tokenizer.encode("1234="), tokenizer.encode("9876=")])
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, actor.module.eval()(input_ids=ids).logits,
+                                   rtol=0, atol=1e-6)
+        fresh = make_workers(config).actor.module.eval()(input_ids=ids).logits       # the untrained init differs
+    assert not torch.allclose(exported(input_ids=ids).logits, fresh, atol=1e-4)
+    assert exported.config.use_cache and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_export_and_eval_refuse_bad_inputs_with_one_line_and_write_nothing(tiny_run, tmp_path):
+    before = sorted(p.name for p in tiny_run.rglob("*"))
+    existing = tmp_path / "full"
+    existing.mkdir()
+    (existing / "x").write_text("keep")
+    for args, needles in [
+        (["export", str(tiny_run), str(existing)], ["already exists and is not an empty folder"]),
+        (["export", str(tmp_path / "nothing"), str(tmp_path / "o")], ["neither a checkpoint folder"]),
+        (["eval", "--config", "examples/configs/debug_ppo.toml", "--checkpoint", str(tiny_run)],
+         ["cannot be loaded", "does not match this config"]),           # a checkpoint of another architecture
+        (["eval", "--config", "examples/configs/tiny_grpo.toml", "data.val_files=[]"], ["data.val_files is empty"]),
+    ]:
+        proc = train(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and all(n in errors[0] for n in needles), (args, errors)
+    assert (existing / "x").read_text() == "keep" and not (tmp_path / "o").exists()
+    assert sorted(p.name for p in tiny_run.rglob("*")) == before
+
+
+def test_eval_scores_the_base_model_and_a_checkpoint_without_touching_the_run(tiny_run):
+    before = sorted(str(p) for p in tiny_run.rglob("*"))
+    reports = {}
+    for name, extra in (("base", []), ("trained", ["--checkpoint", str(tiny_run)])):
+        proc = train("eval", "--config", "examples/configs/tiny_grpo.toml", "--json", *extra, "rollout.val_n=3")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        reports[name] = json.loads(proc.stdout)
+    base, trained = reports["base"], reports["trained"]
+    assert base["checkpoint"] is None and trained["checkpoint"].endswith("step_000002")
+    assert base["prompts"] == trained["prompts"] == 64
+    for report in (base, trained):
+        greedy, sampled = report["results"]["greedy"], report["results"]["T=1"]
+        assert greedy["n"] == 1 and greedy["reward/mean"] == greedy["reward/best@1"]
+        assert sampled["n"] == 3 and 0 <= sampled["reward/mean"] <= sampled["reward/best@3"] <= 1
+    assert base["results"]["greedy"] != trained["results"]["greedy"]        # the checkpoint's weights were used
+    table = train("eval", "--config", "examples/configs/tiny_grpo.toml").stdout
+    assert "greedy" in table and "mean@n" in table and "(base)" in table
+    assert sorted(str(p) for p in tiny_run.rglob("*")) == before

@@ -79,6 +79,15 @@ def export(checkpoint: str | Path, out: str | Path | None = None) -> Path:
     return out
 
 
+def export_checkpoint(checkpoint: Path, out: Path, config=None) -> None:
+    """What `nanoverl-train export` calls for the fsdp worker (the shards carry their own config)."""
+    try:
+        export(checkpoint, out)
+    except ExportError as exc:
+        from nanoverl_core.errors import CheckpointError
+        raise CheckpointError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nanoverl_fsdp.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a run directory (its newest checkpoint) or a checkpoints/step_<N> folder")

@@ -44,7 +44,7 @@ from nanoverl_core.workers import checkpoint_fits, load_tensors, resolve_device,
 from nanoverl_hf.models import DTYPES, build_modules, resolve_source
 
 from . import parallel
-from .export import MODEL_FILE, SHARDS
+from .export import MODEL_FILE, SHARDS, export_checkpoint
 from .settings import FSDPSettings
 
 log = logging.getLogger("nanoverl_fsdp")
@@ -235,3 +235,6 @@ def make_workers(config: Config) -> Workers:
         if reference is not None else None,
         critic=FSDPCritic(shard(critic, config, device), config, device=device) if critic is not None else None,
     )
+
+
+make_workers.export_checkpoint = export_checkpoint  # what `nanoverl-train export` calls for this worker

@@ -10,6 +10,7 @@ from nanoverl_core import TorchActor, TorchCritic, Workers
 from nanoverl_core.config import Config
 from nanoverl_core.workers import resolve_device
 
+from .export import export_checkpoint
 from .models import build_modules, resolve_source
 
 
@@ -23,3 +24,6 @@ def make_workers(config: Config) -> Workers:
         reference=TorchActor(reference.to(device), config, trainable=False, device=device) if reference else None,
         critic=TorchCritic(critic.to(device), config, device=device) if critic is not None else None,
     )
+
+
+make_workers.export_checkpoint = export_checkpoint  # what `nanoverl-train export` calls for this worker

@@ -1,0 +1,102 @@
+"""The offline commands: `nanoverl-train eval` and `nanoverl-train export`. Neither writes to a run.
+
+    eval    the base model (or a checkpoint's policy) on the config's validation data with the
+            config's rollout: greedy, and sampled at rollout.temperature with rollout.val_n samples
+            per prompt (mean@n and best@n), overall and per data source.
+    export  a checkpoint (or a run's newest) as a plain save_pretrained folder, through the run's
+            worker: its factory's `export_checkpoint(checkpoint, out, config)` (hf and fsdp have one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import Config, config_from_dict
+from ..data import load_prompts
+from ..errors import CheckpointError, ConfigError
+from ..plugins import Registry
+from ..rollout import SamplingParams
+from .checkpoint import find_checkpoint, reading_checkpoint
+from .resolve import resolve_plugins
+from .validation import evaluate
+
+
+def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None) -> dict[str, Any]:
+    """{"model", "checkpoint", "prompts", "results": {decoding: metrics}} for the base model or `checkpoint`."""
+    if not config.data.val_files:
+        raise ConfigError("data.val_files is empty; eval scores the config's validation prompts, name at least one file")
+    ckpt = find_checkpoint(checkpoint, "--checkpoint") if checkpoint is not None else None
+    plugins = resolve_plugins(config, registry)
+    torch.manual_seed(config.trainer.seed)
+    if config.trainer.num_threads:
+        torch.set_num_threads(config.trainer.num_threads)
+    workers = plugins["worker"](config)
+    rollout = plugins["rollout"](config, workers)
+    try:
+        if ckpt is not None:
+            with reading_checkpoint(ckpt):
+                workers.actor.load(ckpt / "actor")
+            rollout.sync_weights(workers.actor)
+        data = load_prompts(config.data.val_files, config.data, workers.tokenizer, "data.val_files")
+        r = config.rollout
+        runs = {"greedy": (SamplingParams(r.max_new_tokens, temperature=0.0), 1),
+                f"T={r.temperature:g}": (SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k), r.val_n)}
+        results = {name: evaluate(config, rollout, workers.tokenizer, plugins["reward"], data, params, n,
+                                  config.trainer.seed)[0] | {"n": float(n)} for name, (params, n) in runs.items()}
+    finally:
+        rollout.close()
+    return {"model": config.model.path or config.worker.name, "checkpoint": str(ckpt) if ckpt else None,
+            "prompts": len(data), "results": results}
+
+
+def format_eval(report: dict[str, Any]) -> str:
+    """The eval report as a table: one row per decoding, then per data source."""
+    what = report["checkpoint"] or f"{report['model']} (base)"
+    lines = [f"eval of {what} on {report['prompts']} validation prompts",
+             f"{'decoding':<12} {'n':>3} {'mean@n':>8} {'best@n':>8}"]
+    sources = []
+    for name, m in report["results"].items():
+        n = int(m["n"])
+        lines.append(f"{name:<12} {n:>3} {m['reward/mean']:>8.4f} {m[f'reward/best@{n}']:>8.4f}")
+        sources += [(name, key.removesuffix("/reward/mean"), v) for key, v in m.items()
+                    if key.endswith("/reward/mean") and key != "reward/mean"]
+    lines += [f"  {name:<10} {source}: {value:.4f}" for name, source, value in sources]
+    return "\n".join(lines)
+
+
+def run_export(source: Path, out: Path, registry: Registry) -> Path:
+    """Write the policy of `source` (a checkpoint, or a run directory's newest) to the new folder `out`."""
+    ckpt = find_checkpoint(source, "RUN_DIR_OR_CHECKPOINT")
+    run_config = ckpt.parent.parent / "config.json"
+    if not run_config.is_file():
+        raise CheckpointError(f"{ckpt} has no {run_config} beside its checkpoints/ folder; export needs the run's "
+                              "config.json (written by nanoverl-train at the start of the run)")
+    try:
+        data = json.loads(run_config.read_text())["config"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise CheckpointError(f"{run_config} is not a nanoverl run config (no 'config' mapping)") from None
+    config = config_from_dict(data, registry=registry)
+    factory = registry.get("worker", config.worker.name, key="worker.name")
+    exporter = getattr(factory, "export_checkpoint", None)
+    if exporter is None:
+        raise ConfigError(f"the run's worker.name = {config.worker.name!r} has no export to a save_pretrained folder "
+                          "(its model is not a transformers model); its checkpoint holds plain safetensors weights")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"OUT_DIR {out} already exists and is not an empty folder; name a new folder")
+    tmp = out.with_name(f".tmp-{out.name}")                     # a complete folder or none, like checkpoints
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with reading_checkpoint(ckpt):
+            exporter(ckpt, tmp, config)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
