@@ -24,7 +24,7 @@ import nox
 ROOT = Path(__file__).parent
 DEPS = ROOT / ".nox" / "_deps"
 DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors", "datasets>=3.0", "numpy",
-             "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "mlflow>=2.16", "pytest>=8",
+             "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "matplotlib>=3.7", "mlflow>=2.16", "pytest>=8",
              "pytest-timeout", "setuptools>=68", "wheel"]
 PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

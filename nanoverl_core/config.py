@@ -157,6 +157,9 @@ class ActorConfig(OptimConfig):
     """Prompts per optimizer step (with their n samples); 0 = data.batch_size (one update per epoch)."""
     micro_batch_size: int = 0
     """Rows per forward/backward (gradient accumulation); 0 = the whole mini-batch."""
+    max_tokens_per_micro_batch: int = 0
+    """Instead of micro_batch_size: rows grouped by length into micro-batches of at most this many
+    (padded) tokens, for the update and the log-prob passes; 0 = off."""
     clip_ratio_low: float = 0.2
     """PPO ratio clip below 1 (ratio >= 1 - clip_ratio_low)."""
     clip_ratio_high: float = 0.2
@@ -194,6 +197,8 @@ class CriticConfig(OptimConfig):
     """Prompts per critic optimizer step; 0 = data.batch_size."""
     micro_batch_size: int = 0
     """Rows per critic forward/backward; 0 = the whole mini-batch."""
+    max_tokens_per_micro_batch: int = 0
+    """Instead of micro_batch_size: critic micro-batches of at most this many (padded) tokens; 0 = off."""
     cliprange_value: float = 0.5
     """Value clipping around the old values (PPO-style)."""
     loss_agg_mode: LossAggMode = "token-mean"
@@ -288,8 +293,8 @@ class RewardConfig:
 
 @attrs.define
 class TrackingConfig:
-    trackers: list[str] = attrs.Factory(lambda: ["console", "jsonl"])
-    """Registered trackers; "mlflow" logs to an MLflow tracking store."""
+    trackers: list[str] = attrs.Factory(lambda: ["console", "jsonl", "plot"])
+    """Registered trackers: console, jsonl (metrics.jsonl), plot (metrics.png), mlflow (a tracking store)."""
     experiment: str = "nanoverl"
     """Experiment name (MLflow)."""
     mlflow_uri: str = ""
@@ -350,7 +355,8 @@ class Config:
                   "critic.micro_batch_size": c.micro_batch_size, "rollout.top_k": r.top_k,
                   "actor.lr": a.lr, "critic.lr": c.lr, "rollout.temperature": r.temperature,
                   "rollout.val_temperature": r.val_temperature, "reward.timeout_s": self.reward.timeout_s,
-                  "trainer.num_threads": t.num_threads}
+                  "trainer.num_threads": t.num_threads, "actor.max_tokens_per_micro_batch": a.max_tokens_per_micro_batch,
+                  "critic.max_tokens_per_micro_batch": c.max_tokens_per_micro_batch}
         for key, value in nonneg.items():
             if value < 0:
                 raise ConfigError(f"{key} = {value} must not be negative")
@@ -364,6 +370,10 @@ class Config:
         if r.temperature == 0:
             raise ConfigError("rollout.temperature = 0 is greedy, which gives every sample of a prompt the same "
                               "response; use a positive temperature for training (val_temperature may be 0)")
+        for section, part in (("actor", a), ("critic", c)):
+            if part.micro_batch_size and part.max_tokens_per_micro_batch:
+                raise ConfigError(f"{section}.micro_batch_size and {section}.max_tokens_per_micro_batch are both set; "
+                                  "set one: a row count or a token budget per micro-batch")
         for section, mini, micro in (("actor", self.actor_mini_batch_size, a.micro_batch_size),
                                      ("critic", self.critic_mini_batch_size, c.micro_batch_size)):
             if d.batch_size % mini:

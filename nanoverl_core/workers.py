@@ -142,15 +142,48 @@ class _TorchWorker:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def minibatches(self, batch: RLBatch, mini_prompts: int, micro_rows: int):
-        """Yield (micro-batches, normalisers) per mini-batch; rows stay in order so runs are reproducible."""
+    def global_max(self, value: int) -> int:
+        """The largest `value` over data-parallel ranks (every rank must run as many passes)."""
+        return value
+
+    @property
+    def micro_limits(self) -> tuple[int, int, str]:
+        """(micro_batch_size, max_tokens_per_micro_batch, the budget's config key) of this worker."""
+        cfg = self.config.critic if self.metric_prefix == "critic" else self.config.actor
+        return cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, f"{self.metric_prefix}.max_tokens_per_micro_batch"
+
+    def micro_batches(self, batch: RLBatch) -> list[list[int]]:
+        """Row indices of each micro-batch: consecutive runs of micro_batch_size rows, or, with a token
+        budget, rows grouped by length (`token_budget_groups`), as many groups on every rank."""
+        rows, budget, key = self.micro_limits
+        if not budget:
+            size = rows or len(batch)
+            return [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
+        groups = token_budget_groups(batch["prompt_mask"].sum(-1).tolist(), batch["response_mask"].sum(-1).tolist(),
+                                     budget, key)
+        target = self.global_max(len(groups))
+        while len(groups) < target:  # split the largest group: still within the budget, still non-empty
+            largest = max(range(len(groups)), key=lambda g: len(groups[g]))
+            group = groups.pop(largest)
+            groups[largest:largest] = [group[:len(group) // 2], group[len(group) // 2:]]
+        return groups
+
+    def minibatches(self, batch: RLBatch, mini_prompts: int):
+        """Yield (micro-batches, normalisers) per mini-batch; the split is deterministic, so runs are reproducible."""
         rows_per_prompt = self.config.rollout.n
         for mini in batch.split(mini_prompts * rows_per_prompt // self.dp_size or len(batch)):
             mask = mini["response_mask"]
             # normalisers count the whole mini-batch (all ranks), so micro-batch losses sum to its loss
             norms = {"num_tokens": float(self.global_sum(mask.sum())),
                      "num_seqs": float(self.global_sum((mask.sum(-1) > 0).sum().float()))}
-            yield mini.split(micro_rows or len(mini)), norms
+            yield [mini.index(rows) for rows in self.micro_batches(mini)], norms
+
+    def per_micro_batch(self, batch: RLBatch, compute: Callable[[RLBatch], torch.Tensor]) -> torch.Tensor:
+        """compute(micro_batch) -> (b, R) for every micro-batch, reassembled in row order on the CPU: (B, R)."""
+        out = torch.zeros(batch["response_mask"].shape, dtype=torch.float32)
+        for rows in self.micro_batches(batch):
+            out[rows] = compute(batch.index(rows)).float().cpu()
+        return out
 
     def optimizer_step(self, micro_batches: list[RLBatch], norms: dict[str, float],
                        loss_of: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> dict[str, float]:
@@ -191,6 +224,33 @@ class _TorchWorker:
             if self.optimizer is not None:
                 self.optimizer.load_state_dict(load_tensors(path / "optimizer.pt", self.device))
                 self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+
+
+def token_budget_groups(prompt_lengths: list[int], response_lengths: list[int], max_tokens: int,
+                        key: str) -> list[list[int]]:
+    """Rows grouped so that each group's padded size, rows x (longest prompt + longest response), is at
+    most max_tokens: rows sorted by length (longest first, ties in row order) and packed greedily.
+
+    A micro-batch is trimmed to its own longest prompt and response (`model_inputs`), so grouping
+    rows of similar length wastes little on padding. A row longer than the budget is a ConfigError
+    naming `key` and the row.
+    """
+    lengths = [p + r for p, r in zip(prompt_lengths, response_lengths)]
+    longest = max(range(len(lengths)), key=lambda i: lengths[i])
+    if lengths[longest] > max_tokens:
+        raise ConfigError(f"{key} = {max_tokens} is smaller than the longest row ({lengths[longest]} tokens: prompt "
+                          f"{prompt_lengths[longest]} + response {response_lengths[longest]}); raise it to at least "
+                          f"{lengths[longest]}")
+    groups: list[list[int]] = []
+    for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        group = groups[-1] if groups else None
+        if group is not None:
+            width = max(prompt_lengths[i] for i in group + [row]) + max(response_lengths[i] for i in group + [row])
+            if (len(group) + 1) * width <= max_tokens:
+                group.append(row)
+                continue
+        groups.append([row])
+    return groups
 
 
 def save_tensors(obj: Any, path: Path) -> None:
@@ -256,9 +316,7 @@ class TorchActor(_TorchWorker):
     @torch.no_grad()
     def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) log pi(response token), zero on padding."""
-        micro = self.config.actor.micro_batch_size or len(batch)
-        parts = [self.forward(mb)[0] for mb in batch.split(micro)]
-        return torch.cat(parts).cpu() * batch["response_mask"]
+        return self.per_micro_batch(batch, lambda mb: self.forward(mb)[0]) * batch["response_mask"]
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, full tensor) per state-dict entry, one at a time; a sharded (DTensor) entry is
@@ -276,7 +334,7 @@ class TorchActor(_TorchWorker):
         """
         cfg = self.config.actor
         scale = cfg.loss_scale_factor or self.config.rollout.max_new_tokens
-        mini_batches = list(self.minibatches(batch, self.config.actor_mini_batch_size, cfg.micro_batch_size))
+        mini_batches = list(self.minibatches(batch, self.config.actor_mini_batch_size))
         if on_policy and (cfg.ppo_epochs > 1 or len(mini_batches) > 1):
             raise ValueError("on_policy=True needs exactly one optimizer step (ppo_epochs = 1, one mini-batch)")
         self.module.train()
@@ -321,8 +379,7 @@ class TorchCritic(_TorchWorker):
     @torch.no_grad()
     def compute_values(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) value estimates, zero on padding."""
-        micro = self.config.critic.micro_batch_size or len(batch)
-        return torch.cat([self.forward(mb) for mb in batch.split(micro)]).cpu() * batch["response_mask"]
+        return self.per_micro_batch(batch, self.forward) * batch["response_mask"]
 
     def update(self, batch: RLBatch) -> dict[str, float]:
         """Value-loss epochs over mini-batches (one optimizer step each) split into micro-batches."""
@@ -336,7 +393,6 @@ class TorchCritic(_TorchWorker):
 
         steps = []
         for _ in range(cfg.ppo_epochs):
-            for micro_batches, norms in self.minibatches(batch, self.config.critic_mini_batch_size,
-                                                         cfg.micro_batch_size):
+            for micro_batches, norms in self.minibatches(batch, self.config.critic_mini_batch_size):
                 steps.append(self.optimizer_step(micro_batches, norms, loss_of))
         return mean_metrics(steps)

@@ -120,7 +120,8 @@ class DebugRollout:
         self.tokenizer = workers.tokenizer
         self.module = workers.actor.module
         self.device = workers.actor.device
-        self.returns_log_probs = (config.rollout.settings or DebugRolloutSettings()).log_probs
+        settings = config.rollout.settings  # a subclass registered under another name brings its own settings
+        self.returns_log_probs = settings.log_probs if isinstance(settings, DebugRolloutSettings) else False
 
     @torch.no_grad()
     def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:

@@ -35,9 +35,9 @@ OVERRIDES = [
 ]
 
 
-def make_config(worker: str, model: Path):
+def make_config(worker: str, model: Path, extra: tuple[str, ...] = ()):
     return load_config(None, [f"worker.name={worker}", f"model.path={model}", f"data.train_files=[{model}/unused.jsonl]",
-                              *OVERRIDES])
+                              *OVERRIDES, *extra])
 
 
 def fixed_batch(tokenizer, prompts: int = 4, seed: int = 1) -> RLBatch:
@@ -74,12 +74,12 @@ def full_params(worker) -> dict[str, torch.Tensor]:
             for k, v in worker.module.state_dict().items()}
 
 
-def run(worker: str, model: Path, ckpt: Path | None = None) -> dict:
+def run(worker: str, model: Path, ckpt: Path | None = None, extra: tuple[str, ...] = ()) -> dict:
     if worker == "hf":
         from nanoverl_hf.workers import make_workers
     else:
         from nanoverl_fsdp.workers import make_workers
-    config = make_config(worker, model)
+    config = make_config(worker, model, extra)
     torch.manual_seed(0)
     workers = make_workers(config)
     batch = fixed_batch(workers.tokenizer)
@@ -111,10 +111,11 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ckpt", type=Path)
+    parser.add_argument("overrides", nargs="*", help="config overrides after OVERRIDES")
     args = parser.parse_args()
     torch.set_num_threads(1)
     try:
-        out = run(args.worker, args.model, args.ckpt)
+        out = run(args.worker, args.model, args.ckpt, tuple(args.overrides))
         if int(os.environ.get("RANK", "0")) == 0:
             torch.save(out, args.out)
     finally:

@@ -102,7 +102,12 @@ class _Sharded:
     def global_sum(self, value: torch.Tensor) -> torch.Tensor:
         return parallel.all_reduce_sum(value)
 
-    def minibatches(self, batch: RLBatch, mini_prompts: int, micro_rows: int):
+    def global_max(self, value: int) -> int:
+        out = torch.tensor(value)
+        torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.MAX)
+        return int(out)
+
+    def minibatches(self, batch: RLBatch, mini_prompts: int):
         """Per mini-batch of the whole batch: this rank's share split into micro-batches, and the
         normalisers of the whole mini-batch. Fill rows get an all-zero response mask: no loss, no metric."""
         for mini in batch.split(mini_prompts * self.config.rollout.n or len(batch)):
@@ -113,7 +118,7 @@ class _Sharded:
                 mask = local["response_mask"].clone()
                 mask[real:] = 0
                 local["response_mask"] = mask
-            yield local.split(micro_rows or len(local)), norms
+            yield [local.index(rows) for rows in self.micro_batches(local)], norms
 
     def clip_and_step(self, nonfinite_loss: bool) -> float:
         # every rank must take the same decision, or the next collective waits forever
