@@ -148,7 +148,8 @@ def tmpdir(prefix: str) -> Path:
 
 
 # Per-model default workload: prompts per step, samples per prompt, max new tokens. The tiny one is
-# examples/configs/tiny_grpo.toml as shipped; the 10M ones sample longer responses.
+# examples/configs/tiny_grpo.toml as first shipped (n = 8; the config now samples 16, see its
+# comments), kept so the measured tables stay comparable; the 10M ones sample longer responses.
 WORKLOADS: dict[str, dict[str, int]] = {
     "tiny": {"batch": 16, "n": 8, "max_new_tokens": 6},
     "10m": {"batch": 8, "n": 8, "max_new_tokens": 16},

@@ -65,9 +65,13 @@ def features():
     })
 
 
-def to_dataset(rows: list[dict]):
-    from datasets import Dataset
-    return Dataset.from_list(rows, features=features())
+def write_parquet(rows: list[dict], path: Path) -> None:
+    """The rows as a parquet file with the shipped column types (and the `datasets` feature metadata).
+    Written with pyarrow directly: a `datasets.Dataset` would hash the whole table with dill first,
+    which fails on some installs (pyarrow's MonthDayNano type cannot be pickled there)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.Table.from_pylist(rows, schema=features().arrow_schema), str(path))
 
 
 def build(split: str) -> list[dict]:
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: {len(rows)} rows rebuilt, {len(shipped)} there, {'identical' if ok else 'DIFFERENT'}")
         else:
             args.out.mkdir(parents=True, exist_ok=True)
-            to_dataset(rows).to_parquet(str(path))
+            write_parquet(rows, path)
             print(f"wrote {path} ({len(rows)} rows)")
     return 0 if same else 1
 

@@ -58,7 +58,7 @@ def test_make_row_rebuilds_every_shipped_row(shipped):
 def test_the_written_parquet_has_the_shipped_schema(shipped, tmp_path):
     rows = [rebuild(row) for row in shipped["test"][:2]]
     out = tmp_path / "test.parquet"
-    preprocess.to_dataset(rows).to_parquet(str(out))
+    preprocess.write_parquet(rows, out)
     assert pq.read_schema(out).equals(pq.read_schema(DATA / "test.parquet"))  # column and struct field order
     assert pq.read_table(out).to_pylist() == shipped["test"][:2]
 

@@ -48,11 +48,15 @@ def test_a_missing_gguf_file_exits_2_with_one_error_line(tmp_path):
     assert "Traceback" not in run.stderr
 
 
+NO_GRPO = "algorithm.advantage_estimator=reinforce_plus_plus"
+"""The tiny config without nanoverl-grpo's estimator (the hf session runs without that plugin)."""
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """Two GRPO-free (REINFORCE++) steps of the tiny copy task with the hf worker, checkpointed."""
     run = tmp_path_factory.mktemp("tiny_run") / "run"
-    proc = train("--config", "examples/configs/tiny_grpo.toml", "algorithm.advantage_estimator=reinforce_plus_plus",
+    proc = train("--config", "examples/configs/tiny_grpo.toml", NO_GRPO,
                  "trainer.total_steps=2", "trainer.val_every=0", "trainer.progress=none", "actor.lr=1e-2",
                  "tracking.trackers=[jsonl]", f"trainer.output_dir={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -94,7 +98,8 @@ def test_export_and_eval_refuse_bad_inputs_with_one_line_and_write_nothing(tiny_
         (["export", str(tmp_path / "nothing"), str(tmp_path / "o")], ["neither a checkpoint folder"]),
         (["eval", "--config", "examples/configs/debug_ppo.toml", "--checkpoint", str(tiny_run)],
          ["cannot be loaded", "does not match this config"]),           # a checkpoint of another architecture
-        (["eval", "--config", "examples/configs/tiny_grpo.toml", "data.val_files=[]"], ["data.val_files is empty"]),
+        (["eval", "--config", "examples/configs/tiny_grpo.toml", "data.val_files=[]", NO_GRPO],
+         ["data.val_files is empty"]),
     ]:
         proc = train(*args)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
@@ -108,7 +113,7 @@ def test_eval_scores_the_base_model_and_a_checkpoint_without_touching_the_run(ti
     before = sorted(str(p) for p in tiny_run.rglob("*"))
     reports = {}
     for name, extra in (("base", []), ("trained", ["--checkpoint", str(tiny_run)])):
-        proc = train("eval", "--config", "examples/configs/tiny_grpo.toml", "--json", *extra, "rollout.val_n=3")
+        proc = train("eval", "--config", "examples/configs/tiny_grpo.toml", "--json", *extra, "rollout.val_n=3", NO_GRPO)
         assert proc.returncode == 0, proc.stderr[-3000:]
         reports[name] = json.loads(proc.stdout)
     base, trained = reports["base"], reports["trained"]
@@ -119,6 +124,6 @@ def test_eval_scores_the_base_model_and_a_checkpoint_without_touching_the_run(ti
         assert greedy["n"] == 1 and greedy["reward/mean"] == greedy["reward/best@1"]
         assert sampled["n"] == 3 and 0 <= sampled["reward/mean"] <= sampled["reward/best@3"] <= 1
     assert base["results"]["greedy"] != trained["results"]["greedy"]        # the checkpoint's weights were used
-    table = train("eval", "--config", "examples/configs/tiny_grpo.toml").stdout
+    table = train("eval", "--config", "examples/configs/tiny_grpo.toml", NO_GRPO).stdout
     assert "greedy" in table and "mean@n" in table and "(base)" in table
     assert sorted(str(p) for p in tiny_run.rglob("*")) == before
