@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import tomllib
-from pathlib import Path
 
 import attrs
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 from conftest import EXAMPLES, ROOT, assert_user_error, run_cli
 from nanoverl_core import RLBatch, load_config, load_registry
-from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss, loss_totals
+from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss
 from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.builtins.debug import make_rollout, make_workers
 from nanoverl_core.builtins.debug_settings import DebugModelSettings, DebugRolloutSettings

@@ -21,7 +21,6 @@ from nanoverl_core import ConfigError, SamplingParams  # noqa: E402
 from nanoverl_core.algos.losses import vanilla  # noqa: E402
 from nanoverl_hf.rollout import HFRollout  # noqa: E402
 from nanoverl_hf.workers import make_workers  # noqa: E402
-from nanoverl_vllm import engine as vllm_engine  # noqa: E402
 from nanoverl_vllm.rollout import VLLMRollout, make_rollout  # noqa: E402
 
 pytestmark = pytest.mark.engine
