@@ -122,7 +122,7 @@ def run_dir(tmp_path_factory) -> Path:
 
 def test_run_directory_holds_only_safetensors_json_and_weights_only_tensors(run_dir):
     files = [p for p in run_dir.rglob("*") if p.is_file()]
-    assert {p.suffix for p in files} <= {".safetensors", ".json", ".jsonl", ".pt"}, sorted(map(str, files))
+    assert {p.suffix for p in files} <= {".safetensors", ".json", ".jsonl", ".pt", ".png"}, sorted(map(str, files))
     for p in files:
         if p.suffix == ".safetensors":
             load_file(str(p))
@@ -130,6 +130,8 @@ def test_run_directory_holds_only_safetensors_json_and_weights_only_tensors(run_
             torch.load(p, weights_only=True)  # raises on anything but tensors and plain containers
         elif p.suffix == ".json":
             json.loads(p.read_text())
+        elif p.suffix == ".png":                          # metrics.png: an image, nothing that runs
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
         else:
             [json.loads(line) for line in p.read_text().splitlines()]
     assert any(p.name == "optimizer.pt" for p in files) and any(p.name == "model.safetensors" for p in files)

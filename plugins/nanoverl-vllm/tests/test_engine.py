@@ -83,6 +83,19 @@ def test_rows_keep_their_order(fresh):
         assert kept(flipped, len(PROMPTS) - 1 - row) == kept(out, row)
 
 
+def test_vllm_rollout_keeps_the_core_rollout_contract(fresh):
+    """nanoverl_core.testing.check_rollout on the real engine: shapes, masks and rollout_log_probs,
+    seeds drawn from torch's global generator, greedy calls drawing nothing, rows independent of order.
+    (Placed before the tests that start and stop engines of their own, which tear down vLLM's
+    process-wide parallel state that the module's engine shares.)"""
+    from nanoverl_core.testing import check_rollout
+    from nanoverl_core.testing import prompt_batch as contract_batch
+
+    _, workers, rollout = fresh
+    out = check_rollout(rollout, contract_batch(workers.tokenizer, PROMPTS[:4], n=2), max_new_tokens=6)
+    assert "rollout_log_probs" in out
+
+
 @pytest.mark.parametrize("temperature", [1.0, 1.3])
 def test_rollout_log_probs_equal_the_hf_workers(fresh, temperature):
     _, workers, rollout = fresh
@@ -235,13 +248,3 @@ def test_sleeping_between_generate_calls_keeps_outputs_right(tiny_dir, make_conf
     finally:
         rollout.close()
 
-
-def test_vllm_rollout_keeps_the_core_rollout_contract(fresh):
-    """nanoverl_core.testing.check_rollout on the real engine: shapes, masks and rollout_log_probs,
-    seeds drawn from torch's global generator, greedy calls drawing nothing, rows independent of order."""
-    from nanoverl_core.testing import check_rollout
-    from nanoverl_core.testing import prompt_batch as contract_batch
-
-    _, workers, rollout = fresh
-    out = check_rollout(rollout, contract_batch(workers.tokenizer, PROMPTS[:4], n=2), max_new_tokens=6)
-    assert "rollout_log_probs" in out

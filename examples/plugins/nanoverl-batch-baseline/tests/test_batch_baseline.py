@@ -99,9 +99,10 @@ def test_a_single_row_keeps_its_score():
 @pytest.mark.parametrize("bad, needle", [("-0.1", "'group_weight' must be >= 0"), ("1.5", "'group_weight' must be <= 1"),
                                          ("half", "expected float"), ("true", "expected float")])
 def test_group_weight_outside_zero_one_is_a_config_error_naming_the_key(bad, needle):
-    registry = load_registry()
-    plugin.register_advantage_estimators(register=lambda name, obj, description="", settings=None: registry.add(
-        "advantage_estimator", name, obj, "nanoverl-batch-baseline", description, settings))
+    registry = load_registry()  # finds the plugin when it is pip-installed; from a checkout, register it here
+    if "batch_mean_baseline" not in registry.names("advantage_estimator"):
+        plugin.register_advantage_estimators(register=lambda name, obj, description="", settings=None: registry.add(
+            "advantage_estimator", name, obj, "nanoverl-batch-baseline", description, settings))
     overrides = ["algorithm.advantage_estimator=batch_mean_baseline", f"algorithm.batch_mean_baseline.group_weight={bad}"]
     with pytest.raises(ConfigError, match="algorithm.batch_mean_baseline.group_weight") as err:
         load_config(DEBUG, overrides, registry=registry)
