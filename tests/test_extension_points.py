@@ -265,3 +265,28 @@ def test_batches_of_the_contract_helpers_are_left_padded():
     assert isinstance(batch, RLBatch) and batch["prompt_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
     assert batch["uid"] == ["p0", "p1"]
 
+
+
+@attrs.define
+class _BonusSettings:
+    bonus: float = 0.0
+    """Added to every score."""
+
+
+def _bonus_reward(prompt, response, sample, settings):
+    return float(response == sample["target"]) + settings.bonus
+
+
+def test_a_reward_with_settings_is_called_with_its_table():
+    from nanoverl_core.reward import RewardScorer
+
+    registry = load_registry()
+    registry.add("reward", "bonus", _bonus_reward, "somebody", settings=_BonusSettings)
+    cfg = load_config(PPO, ["reward.name=bonus", "reward.bonus.bonus=0.25", "tracking.plot.every_s=0"],
+                      registry=registry)
+    assert cfg.reward.settings == _BonusSettings(bonus=0.25)
+    assert cfg.tracking.settings["plot"].every_s == 0  # a tracker's table: settings by tracker name
+    batch = RLBatch({"x": torch.zeros(2)}, {"row": [{"target": "12"}, {"target": "3"}], "prompt_text": ["a", "b"],
+                                            "index": [0, 1]})
+    scores, _ = RewardScorer(cfg.reward, registry).score(batch, ["12", "4"])
+    assert scores.tolist() == [1.25, 0.25]
