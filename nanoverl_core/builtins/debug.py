@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..algos import logprobs_from_logits
 from ..batch import RLBatch
 from ..config import Config
 from ..errors import DataError
@@ -106,10 +107,10 @@ def sample_from_logits(logits: torch.Tensor, params: SamplingParams) -> tuple[to
     and (B,) each token's log-prob under the distribution it was drawn from (the raw softmax when greedy)."""
     if params.greedy:
         token = logits.argmax(-1)
-        return token, torch.log_softmax(logits, -1).gather(-1, token[:, None]).squeeze(-1)
-    logits = sampling_logits(logits, params)
-    token = torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
-    return token, torch.log_softmax(logits, -1).gather(-1, token[:, None]).squeeze(-1)
+    else:
+        logits = sampling_logits(logits, params)
+        token = torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
+    return token, logprobs_from_logits(logits[:, None], token[:, None]).squeeze(-1)  # the trainer's own function
 
 
 class DebugRollout:
