@@ -55,7 +55,7 @@ fi
 # nanoverl itself, editable and without dependency resolution (so pip never touches vLLM's torch /
 # transformers pins); its light dependencies are listed explicitly.
 say "installing nanoverl (editable, --no-deps) and its light dependencies"
-run "${PIP[@]}" install -q attrs cattrs pluggy pyyaml datasets safetensors numpy matplotlib tokenizers pytest pytest-timeout
+run "${PIP[@]}" install -q attrs cattrs pluggy pyyaml datasets safetensors numpy matplotlib tokenizers gguf "peft>=0.17" pytest pytest-timeout
 run "${PIP[@]}" install -q --no-deps -e "$ROOT" -e "$ROOT/plugins/nanoverl-hf" -e "$ROOT/plugins/nanoverl-grpo" \
     -e "$ROOT/plugins/nanoverl-vllm"
 

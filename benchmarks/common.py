@@ -127,7 +127,7 @@ def nanoverl_step(trainer) -> dict[str, float]:
     or checkpoints (both off in these configs anyway)."""
     trainer.step += 1
     metrics = trainer.train_step()
-    trainer._log(metrics, trainer.step)
+    trainer._tracker_call("log_metrics", metrics, trainer.step)
     return metrics
 
 

@@ -62,3 +62,31 @@ def test_memory_stays_flat_with_micro_batches():
                          "--steps", "1", "--no-contrast")
     assert [r["rows"] for r in rows] == [16, 64]
     assert summary["micro_8"]["step_peak_growth"] <= 1.10 and summary["flat"]
+
+
+def test_reward_pool_scores_in_process_and_in_pools():
+    *rows, summary = run("reward_pool.py", "--smoke", "--workers", "0", "2")
+    assert [(r["reward"], r["workers"]) for r in rows] == [("sleep_5ms", 0), ("sleep_5ms", 2), ("busy_10us", 0),
+                                                          ("busy_10us", 2)]
+    assert all(r["s_per_step"] > 0 and r["rows"] == 16 for r in rows)
+    assert summary["sleep_5ms_speedup_2_workers"] > 0 and "busy_10us_overhead_s_per_step_2_workers" in summary
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft (pip install 'nanoverl-hf[lora]')")
+def test_lora_benchmark_counts_memory_and_times_both():
+    memory, timing = run("lora.py", "--memory", "tiny", "--ranks", "4", "--time", "tiny", "--steps", "1", "--warmup", "0")
+    # the tiny model at rank 4 on all linear layers: 8,704 adapter parameters; the full run holds a
+    # second copy of the policy as its reference, the LoRA run none
+    assert memory["full"]["trainable"] == 83_136 and memory["full"]["params"] == 2 * 83_136
+    assert memory["lora"]["trainable"] == 8_704 and memory["lora"]["params"] == 83_136 + 8_704
+    assert memory["lora"]["optimizer_mb"] < memory["full"]["optimizer_mb"] / 5
+    assert timing["full"]["step_s"] > 0 and timing["lora"]["step_s"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("peft") is None,
+                    reason="needs vLLM and peft (the .venv-vllm of .ci/vllm-env.sh)")
+def test_lora_vllm_benchmark_times_merged_and_adapter_sync():
+    (row,) = run("lora_vllm.py", "--models", "tiny", "--prompts", "4", "--max-new-tokens", "4", "--reps", "1")
+    assert row["model"] == "tiny" and row["rank"] == 8
+    for mode in ("merged", "adapter"):
+        assert row[mode]["sync_s"] > 0 and row[mode]["tokens_per_s"] > 0 and row[mode]["start_s"] > 0

@@ -89,7 +89,8 @@ def cmd_eval(argv: list[str]) -> int:
     args = p.parse_args(argv)
     registry = load_registry()
     config = load_config(args.config, args.overrides, registry=registry)
-    from .trainer.commands import format_eval, run_eval
+    from .trainer.commands import run_eval
+    from .trainer.validation import format_eval
     report = run_eval(config, registry, args.checkpoint)
     print(json.dumps(report, indent=2) if args.json else format_eval(report))
     return 0

@@ -8,6 +8,7 @@ critic off, ...) live in ``Config.validate`` and run before any model loads.
 
 import difflib
 import json
+import math
 import re
 import sys
 import tomllib
@@ -45,6 +46,9 @@ class TrainerConfig:
     """Validation period in steps; 0 never validates."""
     val_before_train: bool = False
     """Validate once before the first step (logged as step 0)."""
+    eval_before_after: bool = False
+    """Evaluate on data.val_files before the first step and after the last, greedy and sampled
+    (the `nanoverl-train eval` table): printed, and written to eval.json in the run directory."""
     resume: str = "auto"
     """"auto" (newest complete checkpoint in output_dir), "never", or a checkpoint folder path."""
     keep_checkpoints: int = 2
@@ -82,7 +86,28 @@ class DataConfig:
     shuffle: bool = True
     """Reshuffle the training prompts every epoch (seeded by trainer.seed and the epoch)."""
     apply_chat_template: bool = True
-    """Render chat-format prompts through the tokenizer's chat template when it has one."""
+    """Render chat-format prompts through the tokenizer's chat template (a tokenizer without one is an
+    error); false joins the messages' contents with newlines."""
+
+
+TargetModules = str | list[str]
+
+
+@attrs.define
+class LoraConfig:
+    """[model.lora]: train a low-rank adapter (peft) instead of every weight; needs nanoverl-hf[lora]."""
+
+    enable: bool = False
+    """Train a LoRA adapter on the frozen base model (policy, and the critic with a full value head);
+    the reference is the same module with the adapter disabled (no second copy)."""
+    rank: int = 8
+    """Adapter rank r (peft LoraConfig.r): trainable parameters per adapted layer r * (in + out)."""
+    alpha: float = 16.0
+    """LoRA alpha: the adapter's output is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input in the update's forward (log-prob passes run without it)."""
+    target_modules: TargetModules = "all-linear"
+    """"all-linear" (every linear layer but the output head) or a list of module names, e.g. ["q_proj", "v_proj"]."""
 
 
 @attrs.define
@@ -97,6 +122,8 @@ class ModelConfig:
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Allow model code from the model folder to run (off: only transformers' own classes)."""
+    lora: LoraConfig = attrs.Factory(LoraConfig)
+    """LoRA: rank, alpha, dropout, target modules (off by default: full fine-tuning)."""
 
 
 @attrs.define
@@ -114,7 +141,8 @@ class RolloutConfig:
     top_k: int = 0
     """Top-k sampling (0 disables)."""
     val_n: int = 1
-    """Samples per validation prompt (mean@n and best@n are logged)."""
+    """Samples per validation prompt when val_temperature > 0 (mean@n and best@n are logged; greedy
+    validation takes one), and for the sampled row of eval / trainer.eval_before_after."""
     val_temperature: float = 0.0
     """Validation temperature; 0 is greedy."""
     micro_batch_size: int = 0
@@ -256,6 +284,9 @@ class AlgorithmConfig:
     """GAE: normalise advantages to zero mean / unit variance over valid tokens."""
     filter_groups: bool = False
     """Drop groups whose rewards are all equal before the update (they carry no signal)."""
+    mask_truncated: bool = False
+    """DAPO overlong filtering (TRL mask_truncated_completions): responses cut at rollout.max_new_tokens
+    without EOS are masked out of the loss; their scores still count in group baselines."""
     use_kl_in_reward: bool = False
     """Subtract kl_coef * KL(pi_old || ref) from the token-level reward (needs reference.enable)."""
     kl_penalty: KLEstimator = "k1"
@@ -275,20 +306,58 @@ class AlgorithmConfig:
 
 
 @attrs.define
+class RewardComponent:
+    """One of several rewards ([[reward.components]]); the score is the weighted sum of the components."""
+
+    name: str = ""
+    """A registered reward; with `file`, only the component's label (default: the file's stem)."""
+    file: str = ""
+    """A .py file defining this component (runs its code; a warning says so)."""
+    function: str = "compute_score"
+    """Function name inside `file`."""
+    weight: float = 1.0
+    """This component's weight in the score (negative for a penalty)."""
+
+    @property
+    def label(self) -> str:
+        """The name in metrics: reward/<label>/mean."""
+        return self.name or Path(self.file).stem
+
+
+@attrs.define
 class RewardConfig:
     name: str = "exact_match"
     """A registered reward function (`nanoverl-train plugins` lists them)."""
     file: str = ""
-    """Optional path to a .py file defining the reward (runs its code; a warning says so)."""
+    """Optional path to a .py file defining the reward (runs its code; a warning says so); a verl-style
+    `compute_score(data_source, solution_str, ground_truth, extra_info)` runs unchanged."""
     function: str = "compute_score"
     """Function name inside `file`."""
+    components: list[RewardComponent] = attrs.Factory(list)
+    """Several rewards with weights, instead of name / file: [[reward.components]] tables of name or
+    file (+ function) and weight; each logged as reward/<name>/mean, the weighted sum is the score."""
+    workers: int = 4
+    """Worker processes that score in parallel (a crash or hang there never touches the trainer);
+    0 scores in the trainer process (for debugging: timeouts then hold only in the main thread)."""
     timeout_s: float = 0.0
-    """Per-call time limit in seconds (0: none). A call that runs over is an error."""
+    """Per-call time limit in seconds (0: none). A call that runs over is an error (its worker is killed)."""
+    memory_limit_mb: int = 0
+    """Address-space limit of each worker process (RLIMIT_AS) in MiB, so a leaking reward fails with
+    MemoryError or dies instead of exhausting the machine; 0: no limit."""
     on_error: Literal["raise", "zero"] = "raise"
-    """A reward that raises, hangs or returns a non-finite score: "raise" stops (exit 2),
-    "zero" scores 0 and counts it in reward/errors."""
+    """A call that raises, hangs, returns a non-number or kills its worker: "raise" stops (exit 2,
+    naming the row), "zero" scores it 0, counts it in reward/errors (reward/timeouts, reward/crashes)
+    and continues. Either way the row goes to reward_errors.jsonl in the run directory."""
+    overlong_buffer_len: int = 0
+    """DAPO soft overlong punishment: a response longer than rollout.max_new_tokens - this many tokens
+    loses up to overlong_penalty_factor, linearly over the buffer (verl overlong_buffer.len); 0: off.
+    Training scores only: validation measures the task."""
+    overlong_penalty_factor: float = 1.0
+    """The penalty at rollout.max_new_tokens (verl overlong_buffer.penalty_factor)."""
+    pass_threshold: float = 1.0
+    """Validation pass@k: a sample passes when its score is at least this."""
     settings: Any = _settings()
-    """The selected reward's own settings, written as [reward.<name>]."""
+    """The selected reward's own settings, written as [reward.<name>] (with components: a dict by name)."""
 
 
 @attrs.define
@@ -404,9 +473,62 @@ class Config:
             raise ConfigError(f"algorithm.rollout_correction.rs_kl = {rc.rs_kl!r} needs a positive rs_kl_threshold")
         if not 0 <= alg.gamma <= 1 or not 0 <= alg.lam <= 1:
             raise ConfigError("algorithm.gamma and algorithm.lam must be in [0, 1]")
+        self._validate_lora()
+        self._validate_reward()
         if not self.data.train_files:
             raise ConfigError("data.train_files is empty; name at least one jsonl / json / parquet file")
+        if t.eval_before_after and not d.val_files:
+            raise ConfigError("trainer.eval_before_after = true evaluates on data.val_files, which is empty; "
+                              "name a validation file or set trainer.eval_before_after = false")
         return self
+
+    def _validate_reward(self) -> None:
+        rw = self.reward
+        for key in ("workers", "memory_limit_mb", "overlong_buffer_len"):
+            if getattr(rw, key) < 0:
+                raise ConfigError(f"reward.{key} = {getattr(rw, key)} must not be negative")
+        if rw.overlong_buffer_len > self.rollout.max_new_tokens:
+            raise ConfigError(f"reward.overlong_buffer_len = {rw.overlong_buffer_len} must not exceed "
+                              f"rollout.max_new_tokens = {self.rollout.max_new_tokens}")
+        if rw.overlong_penalty_factor < 0:
+            raise ConfigError(f"reward.overlong_penalty_factor = {rw.overlong_penalty_factor} must not be negative")
+        if not rw.components:
+            return
+        set_too = [k for k in ("name", "file", "function") if getattr(rw, k) != getattr(RewardConfig(), k)]
+        if set_too:
+            raise ConfigError(f"reward.{set_too[0]} is set next to [[reward.components]]; name each reward in a "
+                              "component (name or file, and weight) and remove reward.name / reward.file")
+        labels = set()
+        for i, comp in enumerate(rw.components):
+            key = f"reward.components[{i}]"
+            if not comp.name and not comp.file:
+                raise ConfigError(f"{key} names no reward; set its name (a registered reward) or file")
+            if not math.isfinite(comp.weight):
+                raise ConfigError(f"{key}.weight = {comp.weight} must be a finite number")
+            if comp.label in labels:
+                raise ConfigError(f"{key}: two components are called {comp.label!r}; give one a different name "
+                                  "(with a file, name is only its label)")
+            labels.add(comp.label)
+
+    def _validate_lora(self) -> None:
+        lora = self.model.lora
+        if not lora.enable:
+            changed = _changed_fields(lora, LoraConfig(), ignore={"enable"})
+            if changed:
+                raise ConfigError(f"model.lora.{changed[0]} is set but model.lora.enable = false; "
+                                  "set model.lora.enable = true or remove the model.lora keys")
+            return
+        if lora.rank < 1:
+            raise ConfigError(f"model.lora.rank = {lora.rank} must be at least 1 (typical: 8 to 64)")
+        if lora.alpha <= 0:
+            raise ConfigError(f"model.lora.alpha = {lora.alpha} must be positive (typical: 2 * rank)")
+        if not 0 <= lora.dropout < 1:
+            raise ConfigError(f"model.lora.dropout = {lora.dropout} must be in [0, 1)")
+        targets = lora.target_modules
+        if isinstance(targets, str) and targets != "all-linear" or isinstance(targets, list) and (
+                not targets or "all-linear" in targets):
+            raise ConfigError(f"model.lora.target_modules = {targets!r} must be \"all-linear\" or a non-empty list of "
+                              "module names, e.g. [\"q_proj\", \"v_proj\"]")
 
 
 def _changed_fields(obj: Any, default: Any, ignore: set[str]) -> list[str]:
@@ -524,6 +646,11 @@ def _check_keys(data: dict[str, Any], cls: type, prefix: str = "", extra: tuple[
             if not isinstance(value, dict):
                 raise ConfigError(f"config key {path!r} is a section; write it as a table of keys, not {value!r}")
             _check_keys(value, ftype, path + ".")
+        (item,) = get_args(ftype) if get_origin(ftype) is list else (None,)
+        if isinstance(item, type) and attrs.has(item) and isinstance(value, list):  # [[reward.components]]
+            for i, entry in enumerate(value):
+                if isinstance(entry, dict):
+                    _check_keys(entry, item, f"{path}[{i}].")
 
 
 def _leaf_message(exc: BaseException, kind: Any) -> str:
@@ -569,14 +696,20 @@ selected one's settings object is `config.<section>.settings` (for trackers, a d
 def _selected(config: Config, section: str) -> list[str]:
     return {"rollout": [config.rollout.name], "worker": [config.worker.name], "actor": [config.actor.policy_loss],
             "algorithm": [config.algorithm.advantage_estimator],
-            "reward": [] if config.reward.file else [config.reward.name],
+            "reward": [c.name for c in config.reward.components if not c.file] if config.reward.components
+            else [] if config.reward.file else [config.reward.name],
             "tracking": list(config.tracking.trackers)}[section]
+
+
+def _keyed_by_name(config: Config, section: str) -> bool:
+    """Sections that select several components hold their settings as a dict by name."""
+    return section == "tracking" or (section == "reward" and bool(config.reward.components))
 
 
 def _settings_by_name(config: Config, section: str) -> dict[str, Any]:
     node = getattr(config, section)
-    if section == "tracking":
-        return dict(node.settings)
+    if _keyed_by_name(config, section):
+        return dict(node.settings or {})
     names = _selected(config, section)
     return {names[0]: node.settings} if names else {}
 
@@ -607,11 +740,13 @@ def component_settings(config: Config, registry, tables: dict[str, dict[str, Any
     tables = tables or {}
     for section, kind in COMPONENTS.items():
         given, node = dict(tables.get(section, {})), getattr(config, section)
+        if _keyed_by_name(config, section) and not isinstance(node.settings, dict):
+            node.settings = {}
         for name in _selected(config, section):
             if name not in registry.entries[kind]:
                 continue
             cls, table, key = registry.settings_class(kind, name), given.pop(name, None), f"{section}.{name}"
-            current = node.settings.get(name) if section == "tracking" else node.settings
+            current = node.settings.get(name) if _keyed_by_name(config, section) else node.settings
             if cls is None and table:
                 raise ConfigError(f"[{key}] is set, but the {kind} {name!r} takes no settings; remove that table")
             if cls is None:
@@ -621,7 +756,7 @@ def component_settings(config: Config, registry, tables: dict[str, dict[str, Any
             else:
                 _check_keys(table or {}, cls, key + ".")
                 value = _structure(table or {}, cls, key + ".")
-            if section == "tracking":
+            if _keyed_by_name(config, section):
                 node.settings[name] = value
             else:
                 node.settings = value
@@ -698,3 +833,12 @@ def _strict_list(value: Any, kind: Any) -> list:
 
 
 _converter.register_structure_hook_func(lambda t: get_origin(t) is list, _strict_list)
+
+
+def _target_modules(value: Any, _: Any) -> str | list[str]:
+    if isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ValueError(f"expected \"all-linear\" or a list of module names, got {type(value).__name__} {value!r}")
+
+
+_converter.register_structure_hook(TargetModules, _target_modules)

@@ -69,9 +69,13 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer) -> str:
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and all(isinstance(m, dict) and "content" in m for m in prompt):
-        if cfg.apply_chat_template and getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        return "\n".join(str(m["content"]) for m in prompt)
+        if not cfg.apply_chat_template:
+            return "\n".join(str(m["content"]) for m in prompt)
+        if not getattr(tokenizer, "chat_template", None):
+            raise DataError(f"{where}: {cfg.prompt_key!r} is a chat (a list of messages) but the tokenizer has no "
+                            "chat template; use a model whose tokenizer has one, or set data.apply_chat_template "
+                            "= false to join the messages' contents with newlines")
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     if prompt is None:
         raise DataError(f"{where} has no {cfg.prompt_key!r} column; set data.prompt_key to the prompt column "
                         f"(this row has {', '.join(k for k in row if not k.startswith('__'))})")

@@ -53,7 +53,8 @@ def register_rollouts(register: Register) -> None:
     ``generate(batch, params) -> RLBatch`` adds ``responses``, ``response_mask`` and optionally
     ``rollout_log_probs`` (build them with ``nanoverl_core.responses_to_batch``);
     ``sync_weights(actor)`` is called after every actor update (read ``actor.full_tensors()``) and the
-    next ``generate`` must use the new weights; ``close()`` frees the engine.
+    next ``generate`` must use the new weights; ``close()`` frees the engine. An optional
+    ``make_rollout.check_config(config)`` raises ``ConfigError`` before any model loads (as a worker's).
     """
 
 
@@ -66,7 +67,10 @@ def register_workers(register: Register) -> None:
     follow ``nanoverl_core.protocols.Actor`` / ``Critic``. ``nanoverl_core.TorchActor`` and
     ``TorchCritic`` implement them over any Hugging Face-style torch module. Optionally
     ``make_workers.export_checkpoint(checkpoint: Path, out: Path, config: Config)`` writes a checkpoint's
-    policy as a save_pretrained folder into ``out``: what ``nanoverl-train export`` calls.
+    policy as a save_pretrained folder into ``out``: what ``nanoverl-train export`` calls;
+    ``make_workers.check_config(config)`` raises ``ConfigError`` for what it can check cheaply (files,
+    packages), before the run directory is written; ``make_workers.supports_lora = True`` accepts
+    ``[model.lora]``.
     """
 
 

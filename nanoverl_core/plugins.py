@@ -30,7 +30,7 @@ CORE_DIST = "nanoverl"
 
 # Names provided by first-party plugins, so an unknown name can say what to install.
 FIRST_PARTY: dict[tuple[str, str], str] = {
-    ("worker", "hf"): "hf", ("rollout", "hf"): "hf", ("reward", "gsm8k"): "hf",
+    ("worker", "hf"): "hf", ("rollout", "hf"): "hf", ("reward", "gsm8k"): "hf", ("reward", "reward_model"): "hf",
     ("worker", "fsdp"): "fsdp", ("rollout", "vllm"): "vllm", ("tracker", "mlflow"): "mlflow",
     **{("advantage_estimator", n): "grpo"
        for n in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk")},

@@ -40,7 +40,8 @@ class Actor(Protocol):
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, full unsharded tensor) for every state-dict entry, one at a time (a collective under
-        torchrun: call it on every rank and consume it whole). How every rollout reads the weights."""
+        torchrun: call it on every rank and consume it whole). How every rollout reads the weights. A LoRA
+        actor (`lora = True`) yields the merged model's entries under the base model's names instead."""
 
     def save(self, path: Path) -> None:
         """Write weights and optimizer state into the folder `path` (every rank, same path)."""

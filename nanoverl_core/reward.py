@@ -1,52 +1,80 @@
-"""Turning responses into scores with a reward function, safely.
+"""Turning responses into scores: one reward or several with weights, in worker processes, safely.
 
-The function comes from the registry (`reward.name`) or from a file the user names (`reward.file`,
-which runs that file's code: a warning says so). Each call may be time-limited; a call that raises,
-runs over, or returns something that is not a finite number either stops the run with the row named
-(`reward.on_error = "raise"`) or scores 0 and is counted in `reward/errors` (`"zero"`).
+A reward is a registered name (`reward.name`), a function in a file the user names (`reward.file`,
+which runs that file's code: a warning says so; a verl-style `compute_score(data_source,
+solution_str, ground_truth, extra_info)` runs unchanged), or several of either with weights
+(`[[reward.components]]`): the score is the weighted sum, each component is logged as
+`reward/<name>/mean`.
+
+Where the calls run (`reward_pool.py` has the machinery):
+  * per-row rewards run in `reward.workers` worker processes (default), so a reward that hangs,
+    segfaults, calls `os._exit` or leaks memory costs one call and one worker, never the run;
+  * `reward.workers = 0` calls them in the trainer process (debugging; a timeout then holds only in
+    the main thread, and a crash takes the run with it);
+  * a *batched* reward (`fn.batched = True`: lists of prompts, responses and rows in, a list of
+    scores out, e.g. the reward model of nanoverl-hf) always runs in the trainer process, once per
+    step, so its model is loaded once and sits on the device it was given.
+
+Every failed call (raised, timed out, not a finite number, its worker died or ran out of memory)
+either stops the run naming the row (`reward.on_error = "raise"`, exit 2) or scores 0 and is counted
+in `reward/errors` (`reward/timeouts`, `reward/crashes`) (`"zero"`); either way the row, the
+response and the error go to `reward_errors.jsonl` in the run directory.
+
+The training stage (`score_batch`) also applies DAPO's overlong handling: the soft length penalty
+(`reward.overlong_buffer_len`) and masking truncated responses out of the loss
+(`algorithm.mask_truncated`), and logs the truncated share as `rollout/truncated_frac`.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import math
+import json
 import signal
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+import attrs
 import torch
 
 from .batch import RLBatch
 from .config import RewardConfig
-from .errors import ConfigError, RewardError
+from .errors import RewardError
 from .plugins import Registry
+from .reward_pool import (CallError, ComponentSpec, RewardPool, call_checked, call_style, check_result, importable_ref,
+                          load_function)
+from .rollout import decode_responses
 
-RewardFn = Callable[[str, str, dict], "float | dict"]
+
+def component_specs(cfg: RewardConfig) -> list[ComponentSpec]:
+    """The configured rewards: [[reward.components]], or the one reward.name / reward.file (weight 1)."""
+    settings = cfg.settings if isinstance(cfg.settings, dict) else {}
+    if cfg.components:
+        return [ComponentSpec(c.label, c.name, c.file, c.function, None if c.file else settings.get(c.name), c.weight)
+                for c in cfg.components]
+    if cfg.file:
+        return [ComponentSpec(f"{cfg.file}:{cfg.function}", file=cfg.file, function=cfg.function)]
+    return [ComponentSpec(cfg.name, name=cfg.name, settings=cfg.settings)]
 
 
-def load_reward_fn(cfg: RewardConfig, registry: Registry) -> tuple[RewardFn, str]:
-    """The reward function and a label for messages."""
-    if not cfg.file:
-        return registry.get("reward", cfg.name, key="reward.name"), cfg.name
-    path = Path(cfg.file)
-    if not path.is_file():
-        raise ConfigError(f"reward.file = {cfg.file!r} does not exist; fix the path or use reward.name")
-    print(f"warning: reward.file runs the Python code in {path}; only use files you trust", file=sys.stderr)
-    spec = importlib.util.spec_from_file_location(f"nanoverl_reward_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise RewardError(f"reward.file {path} failed to import ({type(exc).__name__}: {exc})") from None
-    fn = getattr(module, cfg.function, None)
-    if not callable(fn):
-        raise ConfigError(f"reward.function = {cfg.function!r} is not a function in {path}; "
-                          "set reward.function to the function's name")
-    return fn, f"{path}:{cfg.function}"
+def load_reward_fn(cfg: RewardConfig, registry: Registry):
+    """(function, label) of the single reward.name / reward.file (for scripts and tests)."""
+    (spec,) = component_specs(attrs.evolve(cfg, components=[]))
+    return (load_function(spec) if spec.file else registry.get("reward", spec.name, key="reward.name")), spec.where
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, factor: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (verl overlong_buffer): min(-(L - (max_len - buffer_len)) / buffer_len
+    * factor, 0) for each response length L (B,); 0 inside max_len - buffer_len, -factor at max_len."""
+    exceed = lengths.float() - (max_len - buffer_len)
+    return torch.clamp(-exceed / buffer_len * factor, max=0.0)
+
+
+def truncated_rows(batch: RLBatch, max_new_tokens: int, stop_ids: list[int]) -> torch.Tensor:
+    """(B,) bool: responses cut at max_new_tokens (their last token is none of `stop_ids`)."""
+    lengths = batch["response_mask"].sum(-1).long()
+    last = batch["responses"].gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+    return (lengths >= max_new_tokens) & ~torch.isin(last, torch.tensor(stop_ids, dtype=last.dtype))
 
 
 class _Timeout(Exception):
@@ -58,64 +86,183 @@ def _alarm(_signum, _frame):
 
 
 class RewardScorer:
-    def __init__(self, cfg: RewardConfig, registry: Registry):
-        self.cfg = cfg
-        self.fn, self.label = load_reward_fn(cfg, registry)
+    """Scores (B,) for a batch's responses under reward.on_error, with the metrics of each call."""
 
-    def _call(self, prompt: str, response: str, sample: dict) -> Any:
+    def __init__(self, cfg: RewardConfig, registry: Registry, *, run_dir: str | Path | None = None,
+                 max_new_tokens: int = 0, mask_truncated: bool = False):
+        self.cfg, self.max_new_tokens, self.mask_truncated = cfg, max_new_tokens, mask_truncated
+        self.specs, self.fns = [], []
+        for i, spec in enumerate(component_specs(cfg)):  # loaded here too: a bad name or file fails at once
+            if spec.file:
+                if Path(spec.file).is_file():
+                    print(f"warning: reward.file runs the Python code in {spec.file}; only use files you trust",
+                          file=sys.stderr)
+                fn = load_function(spec)
+            else:
+                key = f"reward.components[{i}].name" if cfg.components else "reward.name"
+                fn = registry.get("reward", spec.name, key=key)
+                spec = attrs.evolve(spec, ref=importable_ref(fn))
+            self.specs.append(spec)
+            self.fns.append(fn)
+        self.styles = [call_style(fn) for fn in self.fns]
+        self.in_trainer = [style == "batched" or cfg.workers == 0 or not (spec.file or spec.ref)
+                           for spec, style in zip(self.specs, self.styles)]
+        """Components called in this process: batched ones, all with reward.workers = 0, and functions a
+        worker cannot import (registered in code as a closure or from __main__)."""
+        self.label = self.specs[0].where if len(self.specs) == 1 else "+".join(s.label for s in self.specs)
+        self.errors_path = Path(run_dir) / "reward_errors.jsonl" if run_dir is not None else None
+        """Where failed calls are written; None writes nothing (`nanoverl-train eval`)."""
+        self._pool: RewardPool | None = None
+
+    # ---- calls ------------------------------------------------------------------------------------------
+    def _pooled(self) -> list[int]:
+        return [c for c, here in enumerate(self.in_trainer) if not here]
+
+    def pool(self) -> RewardPool:
+        """The worker processes, started on first use (so --dry-run and eval of a batched reward start none)."""
+        if self._pool is None:
+            self._pool = RewardPool(self.specs, self.cfg.workers, self.cfg.timeout_s, self.cfg.memory_limit_mb)
+        return self._pool
+
+    def _in_process(self, c: int, args: tuple) -> tuple:
+        """One call in this process; the timeout is SIGALRM, so it holds only in the main thread."""
         timed = self.cfg.timeout_s > 0 and threading.current_thread() is threading.main_thread()
         if timed:
             previous = signal.signal(signal.SIGALRM, _alarm)
             signal.setitimer(signal.ITIMER_REAL, self.cfg.timeout_s)
         try:
-            if self.cfg.settings is not None:  # a reward that registered settings gets [reward.<name>]
-                return self.fn(prompt, response, sample, settings=self.cfg.settings)
-            return self.fn(prompt, response, sample)
+            return ("ok", *call_checked(self.fns[c], self.styles[c], self.specs[c], *args))
+        except CallError as exc:
+            return (exc.kind, exc.message, None)
         except _Timeout:
-            raise RewardError(f"timed out after reward.timeout_s={self.cfg.timeout_s}s") from None
+            return ("timeout", f"timed out after reward.timeout_s={self.cfg.timeout_s:g}s", None)
         finally:
             if timed:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
 
-    def _one(self, prompt: str, response: str, sample: dict) -> tuple[float, dict[str, float]]:
-        out = self._call(prompt, response, sample)
-        extra: dict[str, float] = {}
-        if isinstance(out, dict):
-            if "score" not in out:
-                raise RewardError(f"returned a dict without 'score' (keys: {sorted(out)})")
-            extra = {k: v for k, v in out.items() if k != "score"}
-            out = out["score"]
-        if isinstance(out, bool) or not isinstance(out, (int, float)):
-            raise RewardError(f"returned {type(out).__name__} {out!r}; a reward must return a float or a dict with 'score'")
-        for key, value in [("score", out), *extra.items()]:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise RewardError(f"returned a non-finite or non-numeric {key!r}: {value!r}")
-        return float(out), {k: float(v) for k, v in extra.items()}
-
-    def score(self, batch: RLBatch, response_texts: list[str]) -> tuple[torch.Tensor, dict[str, float]]:
-        """Sequence scores (B,) and metrics: reward/errors and the mean of any extra reward keys."""
-        scores, extras, errors = [], defaultdict(list), 0
-        for i, response in enumerate(response_texts):
-            row = batch["row"][i]
+    def _batched(self, c: int, calls: list[tuple]) -> list[tuple]:
+        """A batched reward's outcomes for every row, from one call with lists."""
+        prompts, responses, rows, _ = (list(x) for x in zip(*calls))
+        fn, spec = self.fns[c], self.specs[c]
+        try:
+            out = fn(prompts, responses, rows, **({"settings": spec.settings} if spec.settings is not None else {}))
+        except RewardError as exc:
+            return [("raised", str(exc), None)] * len(calls)
+        except Exception as exc:
+            return [("raised", f"raised {type(exc).__name__}: {exc}", None)] * len(calls)
+        if not isinstance(out, (list, tuple)) or len(out) != len(calls):
+            got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
+            return [("invalid", f"a batched reward returned {got} for {len(calls)} rows", None)] * len(calls)
+        outcomes = []
+        for value in out:
             try:
-                score, extra = self._one(batch["prompt_text"][i], response, row)
-            except RewardError as exc:
-                if self.cfg.on_error == "raise":
-                    raise RewardError(f"reward {self.label} on data row {batch['index'][i]}: {exc}; fix the reward, "
-                                      "or set reward.on_error=zero to score such rows 0") from None
-                score, extra, errors = 0.0, {}, errors + 1
-            except Exception as exc:
-                if self.cfg.on_error == "raise":
-                    raise RewardError(f"reward {self.label} raised {type(exc).__name__}: {exc} on data row "
-                                      f"{batch['index'][i]}; fix the reward, or set reward.on_error=zero") from None
-                score, extra, errors = 0.0, {}, errors + 1
-            scores.append(score)
-            for key, value in extra.items():
-                extras[f"reward/{key}"].append(value)
+                outcomes.append(("ok", *check_result(value)))
+            except CallError as exc:
+                outcomes.append((exc.kind, exc.message, None))
+        return outcomes
+
+    def close(self) -> None:
+        """Stop the worker processes (they restart on the next call)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    # ---- scoring ----------------------------------------------------------------------------------------
+    def score(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train",
+              step: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Sequence scores (B,) and metrics: reward/errors, reward/timeouts, reward/crashes, the batch mean
+        of every extra key a reward returns (reward/<key>; with components reward/<name>/<key>) and, with
+        components, each one's mean (reward/<name>/mean)."""
+        n, stop = len(response_texts), self.cfg.on_error == "raise"
+        sources = batch.non_tensors.get("data_source") or ["default"] * n
+        args = [(batch["prompt_text"][i], response_texts[i], batch["row"][i], sources[i]) for i in range(n)]
+        outcomes: dict[tuple[int, int], tuple] = {}
+        pooled = self._pooled()
+        if pooled:
+            outcomes.update(self.pool().run([((i, c), c, args[i]) for c in pooled for i in range(n)], stop))
+        for c in range(len(self.specs)):
+            if c in pooled:
+                continue
+            if self.styles[c] == "batched":
+                outcomes.update({(i, c): o for i, o in enumerate(self._batched(c, args))})
+                continue
+            for i in range(n):
+                outcomes[(i, c)] = self._in_process(c, args[i])
+                if stop and outcomes[(i, c)][0] != "ok":
+                    break
+        return self._combine(batch, response_texts, outcomes, phase, step)
+
+    def _combine(self, batch, texts, outcomes, phase, step) -> tuple[torch.Tensor, dict[str, float]]:
+        n, many = len(texts), len(self.specs) > 1
+        scores, extras = [0.0] * n, defaultdict(list)
+        counts = {"errors": 0, "timeouts": 0, "crashes": 0}
+        failures = sorted((key, o) for key, o in outcomes.items() if o[0] != "ok")
+        if failures:
+            self._write_failures(batch, texts, failures, phase, step)
+        if failures and self.cfg.on_error == "raise":
+            (i, c), (kind, message, _) = failures[0]
+            where = self.specs[c].where if many else self.label
+            raise RewardError(f"reward {where} on data row {batch['index'][i]}: {message}; fix the reward, or set "
+                              f"reward.on_error=zero to score such rows 0" +
+                              (f" (the row is in {self.errors_path})" if self.errors_path else ""))
+        for c, spec in enumerate(self.specs):
+            prefix = f"reward/{spec.label}/" if many else "reward/"
+            values = []
+            for i in range(n):
+                kind, value, extra = outcomes[(i, c)]
+                if kind != "ok":
+                    counts["errors"] += 1
+                    counts["timeouts"] += kind == "timeout"
+                    counts["crashes"] += kind == "crash"
+                    value, extra = 0.0, {}
+                scores[i] += spec.weight * value
+                values.append(value)
+                for key, v in extra.items():
+                    extras[prefix + key].append(v)
+            if many:
+                extras[prefix + "mean"] = values
         metrics = {key: sum(v) / len(v) for key, v in extras.items()}
-        metrics["reward/errors"] = float(errors)
+        metrics.update({f"reward/{k}": float(v) for k, v in counts.items()})
         return torch.tensor(scores, dtype=torch.float32), metrics
+
+    def _write_failures(self, batch, texts, failures, phase, step) -> None:
+        """Append each failed call to reward_errors.jsonl (rank 0 only: every rank scores the whole batch)."""
+        from .trainer.dist import is_rank0
+
+        if self.errors_path is None or not is_rank0():
+            return
+        self.errors_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.errors_path.open("a") as f:
+            for (i, c), (kind, message, _) in failures:
+                f.write(json.dumps({"phase": phase, "step": step, "index": batch["index"][i],
+                                    "reward": self.specs[c].label, "kind": kind, "message": message,
+                                    "prompt": batch["prompt_text"][i], "response": texts[i],
+                                    "row": batch["row"][i]}, default=str) + "\n")
+
+    def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None,
+                    stop_ids: list[int] | None = None) -> tuple[RLBatch, dict[str, float]]:
+        """The trainer's reward stage: response_text, score (B,) and token_level_scores (B, R), each score on
+        its row's last response token; with the overlong penalty added, and with algorithm.mask_truncated a
+        response_mask without the truncated rows (their scores stay, so group baselines still see them).
+        `stop_ids`: the ids that end a response (rollout.stop_token_ids; default the tokenizer's EOS)."""
+        texts = decode_responses(tokenizer, batch)
+        scores, metrics = self.score(batch, texts, phase="train", step=step)
+        mask, tensors = batch["response_mask"], {}
+        if self.max_new_tokens:
+            truncated = truncated_rows(batch, self.max_new_tokens, stop_ids or [tokenizer.eos_token_id])
+            metrics["rollout/truncated_frac"] = float(truncated.float().mean())
+            if self.cfg.overlong_buffer_len:
+                penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,
+                                           self.cfg.overlong_penalty_factor)
+                scores = scores + penalty
+                metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
+            if self.mask_truncated:
+                tensors["response_mask"] = mask * (~truncated).to(mask.dtype)[:, None]
+        metrics["reward/mean"] = float(scores.mean())
+        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
+        tensors.update(score=scores, token_level_scores=place_scores(scores, mask))
+        return RLBatch(tensors, {"response_text": texts}), metrics
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

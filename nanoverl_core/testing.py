@@ -84,7 +84,8 @@ def check_rollout(rollout: Rollout, batch: RLBatch, max_new_tokens: int = 4) -> 
 
 def check_actor(actor: Actor, batch: RLBatch) -> None:
     """An actor's contract on a batch with responses: log-probs (B, R) on the CPU, no grad, finite,
-    at most 0, 0 on padding, stable across calls; full_tensors covers the state dict at full size."""
+    at most 0, 0 on padding, stable across calls; full_tensors covers the state dict at full size (a LoRA
+    actor, `actor.lora`: the merged model's entries, unsharded, leaving the module's weights unchanged)."""
     assert isinstance(actor, Actor), f"{type(actor).__name__} lacks module / device / compute_log_probs / " \
                                      "update / full_tensors / save / load"
     mask = batch["response_mask"]
@@ -94,6 +95,13 @@ def check_actor(actor: Actor, batch: RLBatch) -> None:
     assert torch.isfinite(log_probs).all() and torch.all(log_probs <= 1e-4), "log-probs must be finite and <= 0"
     assert torch.all(log_probs * (1 - mask) == 0), "log-probs must be 0 on padding"
     torch.testing.assert_close(actor.compute_log_probs(batch), log_probs, msg="log-probs must not change between calls")
+    if getattr(actor, "lora", False):   # a LoRA actor yields the merged model's entries, not its wrapper's
+        before = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone() for k, v in actor.module.state_dict().items()}
+        merged = [(name, tensor.clone()) for name, tensor in actor.full_tensors()]
+        assert merged and all(not hasattr(t, "full_tensor") for _, t in merged), "full_tensors must be unsharded"
+        after = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in actor.module.state_dict().items()}
+        assert all(torch.equal(before[k], after[k]) for k in before), "full_tensors must not change the weights"
+        return
     names = [name for name, _ in actor.full_tensors()]
     state = actor.module.state_dict()
     assert names == list(state), "full_tensors must yield every state-dict entry, in state-dict order"

@@ -65,6 +65,23 @@ def test_empty_file_and_bad_rows_are_data_errors(tmp_path):
         load_prompts([str(bad)], DataConfig(), WordTokenizer())
 
 
+def test_chat_prompts_need_a_chat_template_unless_switched_off(tmp_path):
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"prompt": [{"role": "system", "content": "be brief"},
+                                           {"role": "user", "content": "What is 3 + 4?"}]}) + "\n")
+
+    class NoTemplate(WordTokenizer):
+        chat_template = None
+
+    with pytest.raises(DataError, match=r"chat.jsonl row 0: 'prompt' is a chat .* no chat template.*"
+                                        r"data.apply_chat_template = false"):
+        load_prompts([str(chat)], DataConfig(), NoTemplate())
+    joined = load_prompts([str(chat)], DataConfig(apply_chat_template=False), NoTemplate())
+    assert joined.texts == ["be brief\nWhat is 3 + 4?"]
+    templated = load_prompts([str(chat)], DataConfig(), WordTokenizer())
+    assert templated.texts == ["<system> be brief <user> What is 3 + 4? <assistant>"]
+
+
 def test_sampler_covers_each_epoch_and_resumes_exactly():
     s = StatefulSampler(10, 3, seed=7)
     first_epoch = [s.next_indices() for _ in range(3)]

@@ -146,7 +146,8 @@ def test_local_store_records_every_step_params_tags_and_config(tmp_path, capsys)
     client = MlflowClient(tracking_uri=f"sqlite:///{store}")
     run = client.get_run(tracker.state_dict()["run_id"])
     assert run.info.run_name == "demo" and run.info.status == "FINISHED"
-    assert client.get_experiment(run.info.experiment_id).name == "nanoverl"
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "nanoverl" and experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.info.artifact_uri.startswith((tmp_path / "runs" / "mlartifacts").as_uri())
 
     assert history(client, run.info.run_id, "reward/mean") == [(1, 0.1), (2, 0.2), (3, 0.3)]
@@ -192,6 +193,19 @@ def test_store_from_env_run_name_from_config_and_config_without_config_json(tmp_
     assert run.info.artifact_uri.startswith((tmp_path / "store" / "mlartifacts").as_uri())  # not ./mlruns
     config_json = Path(client.download_artifacts(run.info.run_id, "config.json", str(tmp_path / "dl")))
     assert json.loads(config_json.read_text())["config"]["tracking"]["run_name"] == "my-run"
+
+
+def test_an_existing_experiment_is_marked_as_training_unless_it_has_a_kind(tmp_path, empty_store):
+    uri = copy_store(empty_store, tmp_path / "store" / "mlflow.db")
+    client = MlflowClient(tracking_uri=uri)
+    client.create_experiment("plain")
+    client.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
+    for name in ("plain", "chosen"):
+        cfg = make_config(tmp_path / "runs" / name, uri)
+        cfg.tracking.experiment = name
+        make_tracker(cfg, tmp_path / "runs" / name, None).close(success=True)
+    kinds = {name: client.get_experiment_by_name(name).tags["mlflow.experimentKind"] for name in ("plain", "chosen")}
+    assert kinds == {"plain": "custom_model_development", "chosen": "genai_development"}
 
 
 # ---- resume -------------------------------------------------------------------------------------------------

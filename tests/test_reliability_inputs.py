@@ -185,7 +185,9 @@ def compute_score(prompt, response, sample):
 
 def test_bad_reward_with_on_error_zero_continues_and_counts_errors(tmp_path):
     reward = write(tmp_path / "mixed.py", MIXED_REWARD)
-    proc = train(REINFORCE, *FAST, "trainer.total_steps=2", "rollout.n=4", f"reward.file={reward}",
+    # reward.workers=0: in the trainer process, where the call counter is one (in a pool each worker has its
+    # own; tests/test_reward_runtime.py covers the pool)
+    proc = train(REINFORCE, *FAST, "trainer.total_steps=2", "rollout.n=4", f"reward.file={reward}", "reward.workers=0",
                  "reward.timeout_s=0.3", "reward.on_error=zero", run_dir=tmp_path / "run", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(tmp_path / "run")

@@ -97,8 +97,9 @@ def test_source_never_unpickles_or_evaluates(tree):
 
 
 def test_code_is_imported_only_from_entry_points_and_reward_file():
-    """Config strings are looked up in the registry, never imported; the two dynamic imports in the core
-    are the registry's own lazy "module:attr" strings (written by plugin authors) and reward.file."""
+    """Config strings are looked up in the registry, never imported; the dynamic imports in the core are the
+    registry's own lazy "module:attr" strings (written by plugin authors), reward.file, and a reward worker
+    importing the module of a function the registry already resolved (its __module__, never a config value)."""
     dynamic = {}
     for f in sorted((ROOT / "nanoverl_core").rglob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
@@ -107,7 +108,8 @@ def test_code_is_imported_only_from_entry_points_and_reward_file():
                 dynamic.setdefault(str(f.relative_to(ROOT)), []).append(_dotted(node.func).split(".")[-1])
     assert dynamic == {"nanoverl_core/__init__.py": ["import_module"],       # its own lazy public names
                        "nanoverl_core/plugins.py": ["import_module"],        # registered "module:attr" strings
-                       "nanoverl_core/reward.py": ["spec_from_file_location", "exec_module"]}  # reward.file
+                       "nanoverl_core/reward_pool.py": ["spec_from_file_location", "import_module",  # reward.file; a registered
+                                                        "exec_module"]}  # reward in a worker
 
 
 # ---- checkpoints: only safe formats, and a planted pickle never runs -----------------------------------

@@ -60,6 +60,10 @@ def make_tracker(config: Config, run_dir: Path, state: dict | None) -> MlflowTra
     return MlflowTracker(config, Path(run_dir), state)
 
 
+EXPERIMENT_KIND = "mlflow.experimentKind"
+"""The experiment tag MLflow 3's UI reads to pick the experiment's view (training or GenAI)."""
+
+
 class MlflowTracker:
     retry_after_s: float = 30.0
     """After a failed call, wait this long before trying again (a dead server costs one timeout per wait)."""
@@ -100,10 +104,13 @@ class MlflowTracker:
 
     # ---- start ----------------------------------------------------------------------------------------
     def _experiment(self, name: str) -> str:
+        """The experiment's id, created if needed and marked as model training: MLflow 3 opens an unmarked
+        experiment in its GenAI view, where training runs hide under "Evaluation runs"."""
         experiment = self.client.get_experiment_by_name(name)
         if experiment is None:
             try:
-                return self.client.create_experiment(name, artifact_location=_sqlite_artifact_root(self.uri))
+                return self.client.create_experiment(name, artifact_location=_sqlite_artifact_root(self.uri),
+                                                     tags={EXPERIMENT_KIND: "custom_model_development"})
             except Exception:  # another run created it in between
                 experiment = self.client.get_experiment_by_name(name)
                 if experiment is None:
@@ -112,6 +119,8 @@ class MlflowTracker:
             raise UserError(f"mlflow experiment {name!r} in {_redact(self.uri)} is deleted; restore it "
                             f"(MLFLOW_TRACKING_URI={shlex.quote(_redact(self.uri))} mlflow experiments restore "
                             f"--experiment-id {experiment.experiment_id}) or set tracking.experiment to another name")
+        if EXPERIMENT_KIND not in experiment.tags:                  # never overrides a kind a user chose
+            self.client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, "custom_model_development")
         return experiment.experiment_id
 
     def _start_run(self, run_id: str | None) -> Any:
@@ -244,9 +253,10 @@ class MlflowTracker:
             self._outage = None
 
     def browse_hint(self) -> str:
-        """How to look at this run: a URL for a server, the `mlflow ui` command for a local store."""
+        """How to look at this run: a URL for a server, the `mlflow ui` command for a local store. The URL
+        opens the run's charts in the UI's model-training view (MLflow 3 starts in its GenAI view)."""
         scheme = urlsplit(self.uri).scheme
-        path = f"#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        path = f"#/experiments/{self.experiment_id}/runs/{self.run_id}/model-metrics?workflowType=machine_learning"
         if scheme in ("http", "https"):
             return f"{_redact(self.uri).rstrip('/')}/{path}"
         if scheme.startswith("databricks"):

@@ -243,3 +243,11 @@ def load_checkpoint(path: Path, workers) -> dict[str, Any]:
         rng = load_file(str(path / "rng.safetensors"))
     set_rng_state(state.pop("rng"), rng)
     return state
+
+
+def write_run_config(run_dir: Path, config, registry) -> None:
+    """run_dir/config.json: the resolved config and the version of every plugin (read by export)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / "config.json.tmp"
+    tmp.write_text(json.dumps({"config": config.to_dict(), "plugins": registry.versions()}, indent=2))
+    tmp.replace(run_dir / "config.json")

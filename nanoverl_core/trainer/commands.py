@@ -21,10 +21,9 @@ from ..config import Config, config_from_dict
 from ..data import load_prompts
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
-from ..rollout import SamplingParams
 from .checkpoint import find_checkpoint, reading_checkpoint
 from .resolve import resolve_plugins
-from .validation import evaluate
+from .validation import eval_decodings
 
 
 def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None) -> dict[str, Any]:
@@ -33,6 +32,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None)
         raise ConfigError("data.val_files is empty; eval scores the config's validation prompts, name at least one file")
     ckpt = find_checkpoint(checkpoint, "--checkpoint") if checkpoint is not None else None
     plugins = resolve_plugins(config, registry)
+    plugins["reward"].errors_path = None  # eval writes nothing: failed reward calls are only counted
     torch.manual_seed(config.trainer.seed)
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
@@ -44,30 +44,12 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None)
                 workers.actor.load(ckpt / "actor")
             rollout.sync_weights(workers.actor)
         data = load_prompts(config.data.val_files, config.data, workers.tokenizer, "data.val_files")
-        r = config.rollout
-        runs = {"greedy": (SamplingParams(r.max_new_tokens, temperature=0.0), 1),
-                f"T={r.temperature:g}": (SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k), r.val_n)}
-        results = {name: evaluate(config, rollout, workers.tokenizer, plugins["reward"], data, params, n,
-                                  config.trainer.seed)[0] | {"n": float(n)} for name, (params, n) in runs.items()}
+        results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data)
     finally:
         rollout.close()
+        plugins["reward"].close()
     return {"model": config.model.path or config.worker.name, "checkpoint": str(ckpt) if ckpt else None,
             "prompts": len(data), "results": results}
-
-
-def format_eval(report: dict[str, Any]) -> str:
-    """The eval report as a table: one row per decoding, then per data source."""
-    what = report["checkpoint"] or f"{report['model']} (base)"
-    lines = [f"eval of {what} on {report['prompts']} validation prompts",
-             f"{'decoding':<12} {'n':>3} {'mean@n':>8} {'best@n':>8}"]
-    sources = []
-    for name, m in report["results"].items():
-        n = int(m["n"])
-        lines.append(f"{name:<12} {n:>3} {m['reward/mean']:>8.4f} {m[f'reward/best@{n}']:>8.4f}")
-        sources += [(name, key.removesuffix("/reward/mean"), v) for key, v in m.items()
-                    if key.endswith("/reward/mean") and key != "reward/mean"]
-    lines += [f"  {name:<10} {source}: {value:.4f}" for name, source, value in sources]
-    return "\n".join(lines)
 
 
 def run_export(source: Path, out: Path, registry: Registry) -> Path:

@@ -20,18 +20,42 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
                             ("policy_loss", config.actor.policy_loss, "actor.policy_loss")):
         registry.entry(kind, name, key)
     component_settings(config, registry)  # defaults for a config built in code; a loaded one keeps its own
+    if config.model.lora.enable:
+        _check_lora_worker(config, registry)
     estimator = registry.get("advantage_estimator", config.algorithm.advantage_estimator,
                              key="algorithm.advantage_estimator")
     if getattr(estimator, "requires_critic", False) and not config.critic.enable:
         raise ConfigError(f"algorithm.advantage_estimator = {config.algorithm.advantage_estimator!r} needs a critic; "
                           "set critic.enable = true, or pick an estimator without one (e.g. grpo)")
-    resolved = {"estimator": estimator, "reward": RewardScorer(config.reward, registry),
+    resolved = {"estimator": estimator, "reward": RewardScorer(config.reward, registry, run_dir=config.trainer.output_dir,
+                                                                max_new_tokens=config.rollout.max_new_tokens,
+                                                                mask_truncated=config.algorithm.mask_truncated),
                 "policy_loss": registry.get("policy_loss", config.actor.policy_loss, key="actor.policy_loss"),
                 "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
     if import_backends:
         resolved["worker"] = registry.get("worker", config.worker.name, key="worker.name")
         resolved["rollout"] = registry.get("rollout", config.rollout.name, key="rollout.name")
+        for kind in ("worker", "rollout"):                          # cheap checks (files, packages, settings) before
+            check = getattr(resolved[kind], "check_config", None)   # the run directory is written or a model loads
+            if check is not None:
+                check(config)
     return resolved
+
+
+def _supports_lora(registry: Registry, name: str) -> bool:
+    """A worker factory that trains LoRA adapters says so with `make_workers.supports_lora = True`."""
+    try:
+        return bool(getattr(registry.get("worker", name, key="worker.name"), "supports_lora", False))
+    except Exception:  # a worker that fails to import is reported when selected, not here
+        return False
+
+
+def _check_lora_worker(config: Config, registry: Registry) -> None:
+    if not _supports_lora(registry, config.worker.name):
+        able = ", ".join(name for name in registry.names("worker") if _supports_lora(registry, name))
+        raise ConfigError(f"model.lora.enable = true, but worker.name = {config.worker.name!r} cannot train a LoRA "
+                          f"adapter; valid choices: {able or 'none installed (pip install nanoverl-hf)'}, "
+                          "or set model.lora.enable = false")
 
 
 def describe(config: Config, registry: Registry) -> dict[str, Any]:
@@ -39,7 +63,9 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
     resolve_plugins(config, registry, import_backends=False)
     chosen = [("worker", config.worker.name), ("rollout", config.rollout.name),
               ("advantage_estimator", config.algorithm.advantage_estimator), ("policy_loss", config.actor.policy_loss)]
-    if not config.reward.file:
+    if config.reward.components:
+        chosen += [("reward", c.name) for c in config.reward.components if not c.file]
+    elif not config.reward.file:
         chosen.append(("reward", config.reward.name))
     chosen += [("tracker", name) for name in config.tracking.trackers]
     return {"config": config.to_dict(),

@@ -33,13 +33,13 @@ from ..batch import RLBatch
 from ..config import Config
 from ..data import StatefulSampler, collate, load_prompts
 from ..plugins import Registry
-from ..reward import place_scores
-from ..rollout import SamplingParams, decode_responses
+from ..rollout import SamplingParams, stop_token_ids
 from ..workers import NonFiniteError
-from .checkpoint import checkpoint_root, find_resume, load_checkpoint, read_tracker_states, save_checkpoint
+from .checkpoint import (checkpoint_root, find_resume, load_checkpoint, read_tracker_states, save_checkpoint,
+                         write_run_config)
 from .dist import is_rank0, shard_rollout
 from .resolve import check_rollout_log_probs, resolve_plugins
-from .validation import validate
+from .validation import eval_before_after, validate
 
 
 class Trainer:
@@ -57,7 +57,7 @@ class Trainer:
         tracker_states = read_tracker_states(resume_from) if resume_from else {}
         self.trackers = {}
         if is_rank0():
-            self._write_run_config(registry)
+            write_run_config(self.run_dir, cfg, registry)
             for name, make in zip(cfg.tracking.trackers, plugins["trackers"]):
                 self.trackers[name] = make(cfg, self.run_dir, tracker_states.get(name, {} if resume_from else None))
         try:
@@ -93,18 +93,13 @@ class Trainer:
             self.rollout.sync_weights(self.workers.actor)
             print(f"resumed from {resume_from} (step {self.step})", file=sys.stderr)
 
-    # ---- setup helpers ---------------------------------------------------------------------------
-    def _write_run_config(self, registry: Registry) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.run_dir / "config.json.tmp"
-        tmp.write_text(json.dumps({"config": self.config.to_dict(), "plugins": registry.versions()}, indent=2))
-        tmp.replace(self.run_dir / "config.json")
-
     # ---- the loop ----------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         cfg, metrics = self.config.trainer, {}
         success = False
         try:
+            if cfg.eval_before_after and self.step == 0:
+                eval_before_after(self, "before")
             if cfg.val_before_train and self.step == 0 and self.val_data is not None:
                 self._tracker_call("log_metrics", validate(self), 0)
             while self.step < cfg.total_steps:
@@ -116,9 +111,12 @@ class Trainer:
                 self._tracker_call("log_metrics", metrics, self.step)
                 if last or (cfg.save_every and self.step % cfg.save_every == 0):
                     self.save()
+            if cfg.eval_before_after:
+                eval_before_after(self, "after")
             success = True
         finally:
             self.rollout.close()
+            self.reward.close()                                                 # the reward worker processes
             self._tracker_call("close", success)
         return metrics
 
@@ -196,15 +194,10 @@ class Trainer:
                               temperature=r.val_temperature if validation else r.temperature)
 
     def score(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
-        """Decode responses and score them: response_text, score (B,) and token_level_scores (B, R),
-        each score on its row's last response token."""
-        texts = decode_responses(self.tokenizer, batch)
-        scores, metrics = self.reward.score(batch, texts)
-        metrics["reward/mean"] = float(scores.mean())
-        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        scored = RLBatch({"score": scores, "token_level_scores": place_scores(scores, batch["response_mask"])},
-                         {"response_text": texts})
-        return scored, metrics
+        """response_text, score (B,) and token_level_scores (B, R), each score on its row's last response
+        token (and the overlong handling): `RewardScorer.score_batch` in reward.py."""
+        stop_ids = stop_token_ids(self.tokenizer, self.workers.actor.module)
+        return self.reward.score_batch(batch, self.tokenizer, self.step, stop_ids)
 
     def correct_rollout(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
         """rollout_corr/ metrics of the engine's log-probs against the trainer's; with

@@ -1,31 +1,54 @@
 """Validation: sample every validation prompt (greedy or n samples), score, summarise per data source.
 
 `evaluate` is the pure part (a rollout, a reward, the data): the trainer's `validate` and the
-`nanoverl-train eval` command both call it.
+`nanoverl-train eval` command both call it. `eval_decodings` is the eval table (greedy, and sampled
+mean@n): `nanoverl-train eval` prints it, and `trainer.eval_before_after` writes it before the first
+and after the last step into the run's eval.json.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import sys
 from collections import defaultdict
+from typing import Any
 
 import torch
 
 from ..data import collate
 from ..rollout import SamplingParams, decode_responses
-from .dist import fork_rng
+from .dist import fork_rng, is_rank0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator (Chen et al. 2021, HumanEval): the chance that at least one of k
+    samples drawn without replacement from n, of which c passed, passes: 1 - C(n - c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_ks(n: int) -> list[int]:
+    """The k logged for n samples per prompt: 1, 2, 4, ... up to n, and n."""
+    ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+    return ks + ([n] if ks[-1] != n else [])
 
 
 @torch.no_grad()
 def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n: int,
-             seed: int) -> tuple[dict[str, float], list[dict]]:
-    """mean@n, best@n and per-data-source means of `scorer` over every prompt of `data`, n samples each.
+             seed: int, step: int | None = None) -> tuple[dict[str, float], list[dict]]:
+    """mean@n, best@n, pass@k and per-data-source means of `scorer` over every prompt of `data`, n samples each.
 
-    Returns ({"reward/mean", f"reward/best@{n}", "<source>/reward/mean" (when there are sources)},
-    up to 16 sample rows). Runs under a forked RNG seeded from `seed` (the CPU's and every CUDA
-    device's, since re-seeding seeds them all), so it leaves the caller's random stream untouched.
+    Returns ({"reward/mean", f"reward/best@{n}", f"reward/pass@{k}" for k in pass_ks(n) (a sample passes
+    with a score >= reward.pass_threshold), "reward/errors", "reward/timeouts", "reward/crashes" (failed
+    reward calls, summed), "<source>/reward/mean" (when there are sources)}, up to 16 sample rows).
+    Runs under a forked RNG seeded from `seed` (the CPU's and every CUDA device's, since re-seeding
+    seeds them all), so it leaves the caller's random stream untouched.
     """
     by_source: dict[str, list[float]] = defaultdict(list)
-    means, bests, samples = [], [], []
+    means, bests, samples, passed = [], [], [], []
+    failures: dict[str, float] = defaultdict(float)
     with fork_rng():
         torch.manual_seed(seed)
         for start in range(0, len(data), config.data.val_batch_size):
@@ -35,15 +58,19 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             batch = batch.repeat_interleave(n)
             batch.update(rollout.generate(batch, params))
             texts = decode_responses(tokenizer, batch)
-            scores, _ = scorer.score(batch, texts)
+            scores, reward_metrics = scorer.score(batch, texts, phase="val", step=step)
+            for key in ("reward/errors", "reward/timeouts", "reward/crashes"):
+                failures[key] += reward_metrics.get(key, 0.0)
             per_prompt = scores.view(-1, n)  # (prompts, n)
+            passed += (per_prompt >= config.reward.pass_threshold).sum(1).tolist()
             means += per_prompt.mean(1).tolist()
             bests += per_prompt.max(1).values.tolist()
             for source, score in zip(batch["data_source"], scores.tolist()):
                 by_source[source].append(score)
             samples += [{"prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i])}
                         for i in range(min(16 - len(samples), len(batch)))]
-    metrics = {"reward/mean": sum(means) / len(means), f"reward/best@{n}": sum(bests) / len(bests)}
+    metrics = {"reward/mean": sum(means) / len(means), f"reward/best@{n}": sum(bests) / len(bests), **failures}
+    metrics.update({f"reward/pass@{k}": sum(pass_at_k(n, c, k) for c in passed) / len(passed) for k in pass_ks(n)})
     if len(by_source) > 1 or "default" not in by_source:
         metrics.update({f"{src}/reward/mean": sum(v) / len(v) for src, v in sorted(by_source.items())})
     return metrics, samples
@@ -52,7 +79,51 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
 def validate(trainer) -> dict[str, float]:
     """val/reward/mean (mean@n), val/reward/best@n, and val/<data_source>/reward/mean; samples go to the trackers."""
     cfg = trainer.config
+    n = cfg.rollout.val_n if cfg.rollout.val_temperature > 0 else 1     # greedy samples would all be the same
     metrics, samples = evaluate(cfg, trainer.rollout, trainer.tokenizer, trainer.reward, trainer.val_data,
-                                trainer.sampling(validation=True), cfg.rollout.val_n, cfg.trainer.seed + trainer.step)
+                                trainer.sampling(validation=True), n, cfg.trainer.seed + trainer.step, trainer.step)
     trainer._tracker_call("log_samples", "val", samples, trainer.step)
     return {f"val/{key}": value for key, value in metrics.items()}
+
+
+def eval_decodings(config, rollout, tokenizer, scorer, data) -> dict[str, dict[str, float]]:
+    """{"greedy": metrics, "T=<temperature>": metrics}: greedy with one sample per prompt, and sampled at
+    rollout.temperature / top_p / top_k with rollout.val_n samples per prompt; each metrics dict has "n"."""
+    r = config.rollout
+    runs = {"greedy": (SamplingParams(r.max_new_tokens, temperature=0.0), 1),
+            f"T={r.temperature:g}": (SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k), r.val_n)}
+    return {name: evaluate(config, rollout, tokenizer, scorer, data, params, n, config.trainer.seed)[0] | {"n": float(n)}
+            for name, (params, n) in runs.items()}
+
+
+def format_eval(report: dict[str, Any]) -> str:
+    """An eval report ({"model", "checkpoint", "prompts", "results"}) as a table: one row per decoding,
+    then per data source."""
+    what = report["checkpoint"] or f"{report['model']} (base)"
+    lines = [f"eval of {what} on {report['prompts']} validation prompts",
+             f"{'decoding':<12} {'n':>3} {'mean@n':>8} {'best@n':>8}"]
+    sources = []
+    for name, m in report["results"].items():
+        n = int(m["n"])
+        lines.append(f"{name:<12} {n:>3} {m['reward/mean']:>8.4f} {m[f'reward/best@{n}']:>8.4f}")
+        sources += [(name, key.removesuffix("/reward/mean"), v) for key, v in m.items()
+                    if key.endswith("/reward/mean") and key != "reward/mean"]
+    lines += [f"  {name:<10} {source}: {value:.4f}" for name, source, value in sources]
+    return "\n".join(lines)
+
+
+def eval_before_after(trainer, when: str) -> None:
+    """The eval table of the current policy, printed (to stderr) and stored as eval.json[when] in the run
+    directory ("before": the policy at step 0, kept across resumes; "after": at the last step)."""
+    cfg = trainer.config
+    results = eval_decodings(cfg, trainer.rollout, trainer.tokenizer, trainer.reward, trainer.val_data)
+    if not is_rank0():
+        return
+    path = trainer.run_dir / "eval.json"
+    stored = json.loads(path.read_text()) if path.is_file() else {}
+    stored[when] = {"model": cfg.model.path or cfg.worker.name, "checkpoint": None if when == "before" else
+                    f"step {trainer.step}", "step": trainer.step, "prompts": len(trainer.val_data), "results": results}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(stored, indent=2))
+    tmp.replace(path)
+    print(f"{when} training:\n{format_eval(stored[when])}", file=sys.stderr)

@@ -48,6 +48,36 @@ def test_a_missing_gguf_file_exits_2_with_one_error_line(tmp_path):
     assert "Traceback" not in run.stderr
 
 
+def one_error_line(run: subprocess.CompletedProcess) -> str:
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, run.stderr[-3000:]
+    return errors[0]
+
+
+def test_a_gguf_model_without_the_gguf_package_exits_2_with_the_pip_line(tmp_path):
+    """The package hidden from this one process (sys.modules["gguf"] = None: find_spec says it is absent)."""
+    model = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model.write_bytes(b"GGUF")
+    code = 'import sys; sys.modules["gguf"] = None; from nanoverl_core.cli import main; sys.exit(main())'
+    run = subprocess.run([sys.executable, "-c", code, "--config", "examples/configs/smollm2_arithmetic.toml",
+                          f"model.path={model}", f"trainer.output_dir={tmp_path / 'run'}", "rollout.name=hf",
+                          "algorithm.advantage_estimator=reinforce_plus_plus"],
+                         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+    line = one_error_line(run)
+    assert line.startswith("error: model.path") and "pip install gguf" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_chat_prompts_for_a_tokenizer_without_a_chat_template_exit_2(tmp_path):
+    """The tiny copy model's tokenizer has no chat template; the arithmetic rows are chats."""
+    run = train("--config", "examples/configs/tiny_grpo.toml", NO_GRPO, f"trainer.output_dir={tmp_path / 'run'}",
+                "data.train_files=[examples/data/arithmetic/train.jsonl]", "data.val_files=[]")
+    line = one_error_line(run)
+    assert "train.jsonl row 0" in line and "no chat template" in line and "data.apply_chat_template" in line, line
+    assert not list((tmp_path / "run").glob("checkpoints/*"))
+
+
 NO_GRPO = "algorithm.advantage_estimator=reinforce_plus_plus"
 """The tiny config without nanoverl-grpo's estimator (the hf session runs without that plugin)."""
 

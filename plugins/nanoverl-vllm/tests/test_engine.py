@@ -130,6 +130,17 @@ def test_sampling_is_seeded_by_torch_and_top_k_1_is_greedy(fresh):
     assert len({tuple(kept(same_prompt, r)) for r in range(16)}) > 4       # rows of one prompt differ
 
 
+def test_sampling_more_prompt_tokens_than_one_engine_step_takes(fresh):
+    """Seeded sampling of a batch whose prompts hold more tokens than vLLM schedules in one step
+    (4096): chunked prefill would split a prompt, and vLLM then rewinds the CPU generator's offset,
+    which fails ("CPU Generator does not use offset"); the engine prefills prompts whole instead."""
+    _, workers, rollout = fresh
+    batch = prompt_batch(workers.tokenizer, ["12345678901234="] * 300)       # 300 x 15+ tokens > 4096
+    torch.manual_seed(0)
+    out = rollout.generate(batch, SamplingParams(max_new_tokens=2, temperature=1.0))
+    assert out["responses"].shape == (300, 2) and bool(out["response_mask"][:, 0].all())
+
+
 def test_response_mask_covers_tokens_up_to_and_including_eos(fresh):
     _, workers, rollout = fresh
     with torch.no_grad():

@@ -53,7 +53,7 @@ def assert_one_line_exit_2(result: subprocess.CompletedProcess, *needles: str) -
 def test_choosing_vllm_without_vllm_exits_2_with_the_install_line(tmp_path):
     result = train("--config", CONFIG, "rollout.name=vllm", f"trainer.output_dir={tmp_path}/run", tmp_path=tmp_path)
     assert_one_line_exit_2(result, "rollout 'vllm' from nanoverl-vllm cannot be imported", "vLLM is not importable",
-                           'pip install "nanoverl[vllm]"')
+                           'pip install "nanoverl[vllm]"', "or set rollout.name=hf")
     assert not (tmp_path / "run").exists()                                  # nothing loaded, nothing written
 
 

@@ -56,17 +56,28 @@ def full_state_dict(actor: Path) -> dict:
     return state
 
 
-def export(checkpoint: str | Path, out: str | Path | None = None) -> Path:
-    """Write the policy of `checkpoint` (a checkpoint or run folder) to `out`; returns `out`."""
+def export(checkpoint: str | Path, out: str | Path | None = None, run_config=None) -> Path:
+    """Write the policy of `checkpoint` (a checkpoint or run folder) to `out`; returns `out`. A LoRA
+    checkpoint (adapter shards only) needs the run's config (`run_config`): the base comes from model.path."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     ckpt, default_out = find_checkpoint(Path(checkpoint))
     out = Path(out) if out else default_out
     hf = ckpt / ACTOR_DIR / HF_FILES
-    config = AutoConfig.from_pretrained(hf)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
-    model.load_state_dict(full_state_dict(ckpt / ACTOR_DIR))
+    if json.loads((ckpt / ACTOR_DIR / SHARDS).read_text()).get("lora"):
+        if run_config is None or not run_config.model.lora.enable:
+            raise ExportError(f"{ckpt} holds a LoRA adapter, not the whole policy; export it with "
+                              "`nanoverl-train export RUN_DIR OUT_DIR`, which rebuilds the base from the run's model.path")
+        from nanoverl_hf.export import merged_lora_policy
+        from nanoverl_hf.models import load_policy, resolve_source
+
+        model = load_policy(run_config, resolve_source(run_config.model))
+        model = merged_lora_policy(model, ckpt / ACTOR_DIR, run_config, module_state=full_state_dict(ckpt / ACTOR_DIR))
+    else:
+        config = AutoConfig.from_pretrained(hf)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
+        model.load_state_dict(full_state_dict(ckpt / ACTOR_DIR))
     model.generation_config = GenerationConfig.from_pretrained(hf)
     model.config.use_cache = True                           # training turned the KV cache off; generation wants it
 
@@ -82,7 +93,7 @@ def export(checkpoint: str | Path, out: str | Path | None = None) -> Path:
 def export_checkpoint(checkpoint: Path, out: Path, config=None) -> None:
     """What `nanoverl-train export` calls for the fsdp worker (the shards carry their own config)."""
     try:
-        export(checkpoint, out)
+        export(checkpoint, out, config)
     except ExportError as exc:
         from nanoverl_core.errors import CheckpointError
         raise CheckpointError(str(exc)) from None

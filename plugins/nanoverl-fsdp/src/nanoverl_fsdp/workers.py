@@ -18,6 +18,10 @@ TorchActor / TorchCritic; the classes here override only what data parallelism c
     adds shards.json (world size, each tensor's shape and sharded dim) and the transformers config
     and tokenizer, so that `python -m nanoverl_fsdp.export` can rebuild a plain model from the folder.
 
+LoRA ([model.lora]): the peft models of nanoverl_hf.lora are sharded the same way; checkpoints and
+the optimizer hold only what trains (adapter, value head), full_tensors() yields merged weights
+(gathered), and the reference is the sharded actor run with its adapter disabled.
+
 Mixed precision: parameters are stored (and optimised) in `model.dtype`; forward / backward run in
 `[worker.fsdp] param_dtype` and gradients are reduced in `reduce_dtype` (FSDP2 MixedPrecisionPolicy).
 """
@@ -30,8 +34,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -134,11 +138,23 @@ class _Sharded:
     # Each rank saves its own shards (DTensor.to_local()) and loads them back into the same DTensors,
     # so a checkpoint resumes on the same number of ranks only. The trainer's barrier after save
     # makes the folder complete before rank 0 renames it.
+    def _options(self, load: bool = False) -> StateDictOptions:
+        """A LoRA worker (`lora = True`) saves and loads what trains (adapter, value head), not the frozen base."""
+        lora = getattr(self, "lora", False)
+        return StateDictOptions(ignore_frozen_params=lora, strict=not (load and lora))
+
     def _state(self) -> dict:
         if self.optimizer is None:
-            return {"model": get_model_state_dict(self.module)}
-        model, optimizer = get_state_dict(self.module, self.optimizer)   # creates Adam's state if still empty
-        return {"model": model, "optimizer": optimizer}
+            return {"model": self._trainable(get_model_state_dict(self.module, options=self._options()))}
+        model, optimizer = get_state_dict(self.module, self.optimizer, options=self._options())   # creates Adam's state if still empty
+        return {"model": self._trainable(model), "optimizer": optimizer}
+
+    def _trainable(self, model: dict) -> dict:
+        """LoRA: drop what ignore_frozen_params keeps of the base (a tied lm_head is not a parameter name)."""
+        if not getattr(self, "lora", False):
+            return model
+        trainable = {name for name, p in self.module.named_parameters() if p.requires_grad}
+        return {name: value for name, value in model.items() if name in trainable}
 
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -149,7 +165,10 @@ class _Sharded:
         if me == 0:
             model = {name: {"shape": list(value.shape), "shard_dim": _shard_dim(value)}
                      for name, value in state["model"].items()}
-            (path / SHARDS).write_text(json.dumps({"world_size": parallel.world_size(), "model": model}))
+            (path / SHARDS).write_text(json.dumps({"world_size": parallel.world_size(), "model": model,
+                                                   "lora": getattr(self, "lora", False)}))
+            if getattr(self, "lora", False):                # adapter_config.json, as peft writes it
+                self.module.peft_config["default"].save_pretrained(str(path))
             if self.scheduler is not None:
                 (path / "scheduler.json").write_text(json.dumps(self.scheduler.state_dict()))
 
@@ -163,11 +182,12 @@ class _Sharded:
         with checkpoint_fits(path):
             model = _fill(state["model"], load_file(str(path / MODEL_FILE.format(rank=me))), "model")
             if self.optimizer is None:
-                set_model_state_dict(self.module, model)
+                set_model_state_dict(self.module, model, options=self._options(load=True))
             else:
                 optimizer = load_tensors(path / OPTIMIZER_FILE.format(rank=me))
                 set_state_dict(self.module, self.optimizer, model_state_dict=model,
-                               optim_state_dict=_fill(state["optimizer"], optimizer, "optimizer"))
+                               optim_state_dict=_fill(state["optimizer"], optimizer, "optimizer"),
+                               options=self._options(load=True))
             if self.scheduler is not None:
                 self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
 
@@ -232,7 +252,8 @@ def make_workers(config: Config) -> Workers:
     # Every rank builds the same full model (same files, same seed), then keeps only its shards.
     tokenizer, policy, reference, critic = build_modules(config, source)
     log.info("fsdp: %d ranks, device %s, %s", parallel.world_size(), device, config.worker.settings)
-
+    if config.model.lora.enable:
+        return _lora_workers(config, device, tokenizer, policy, critic)
     return Workers(
         tokenizer=tokenizer,
         actor=FSDPActor(shard(policy, config, device), config, device=device, tokenizer=tokenizer),
@@ -243,3 +264,22 @@ def make_workers(config: Config) -> Workers:
 
 
 make_workers.export_checkpoint = export_checkpoint  # what `nanoverl-train export` calls for this worker
+make_workers.supports_lora = True                   # [model.lora], as the hf worker (nanoverl_hf.lora)
+make_workers.check_config = lambda config: resolve_source(config.model)  # model.path, gguf: before any write
+
+
+def _lora_workers(config: Config, device: torch.device, tokenizer, policy, critic) -> Workers:
+    """LoRA: peft models sharded like any module; the reference is the sharded actor with its adapter off."""
+    from nanoverl_hf.lora import LoraActor, LoraCritic, reference_view
+
+    class FSDPLoraActor(FSDPActor, LoraActor):
+        """Sharded peft policy: merged full_tensors (gathered), adapter-only sharded checkpoints."""
+
+    class FSDPLoraCritic(FSDPCritic, LoraCritic):
+        """Sharded peft value model: adapter and value head train, the backbone is frozen."""
+
+    actor = FSDPLoraActor(shard(policy, config, device), config, device=device, tokenizer=tokenizer)
+    return Workers(tokenizer=tokenizer, actor=actor,
+                   reference=reference_view(actor, FSDPActor) if config.reference.enable else None,
+                   critic=FSDPLoraCritic(shard(critic, config, device), config, device=device)
+                   if critic is not None else None)

@@ -14,6 +14,7 @@ without a pad token pads with EOS.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
         if not path.is_file():
             raise ConfigError(f"model.path = {cfg.path!r} does not exist; download the GGUF file first "
                               "(see the nanoverl-hf README) or fix the path")
+        if importlib.util.find_spec("gguf") is None:
+            raise ConfigError(f"model.path = {cfg.path!r} is a GGUF file, which needs the gguf package: "
+                              "pip install gguf (or nanoverl-hf[gguf])")
         return ModelSource(path.parent, gguf_file=path.name)
     if not path.exists():
         raise ConfigError(f"model.path = {cfg.path!r} does not exist; point it at a local model folder "
@@ -183,18 +187,28 @@ def build_modules(config: Config, source: ModelSource):
     """Tokenizer, policy, reference (a frozen copy, or None) and value model (or None), on the CPU.
 
     The reference is copied before any update, so it starts from the policy's weights; the hf and
-    fsdp workers both build their modules here and differ only in where they put them.
+    fsdp workers both build their modules here and differ only in where they put them. With
+    model.lora the policy and the value model are peft models and no reference is copied: the
+    worker makes it a view of the policy with the adapter disabled (nanoverl_hf.lora).
     """
+    lora = config.model.lora.enable
+    if lora:
+        from .lora import require_peft
+        require_peft()                                  # the install line before any model loads
     tokenizer = load_tokenizer(config.model, source)
     policy = load_policy(config, source)
     policy.generation_config = neutral_generation_config(policy, tokenizer, stop_token_ids(tokenizer, policy))
     if len(tokenizer) > policy.config.vocab_size:
         log.warning("the tokenizer has %d tokens but the model's vocab_size is %d", len(tokenizer),
                     policy.config.vocab_size)
-    reference = copy.deepcopy(policy).eval().requires_grad_(False) if config.reference.enable else None
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if config.reference.enable and not lora else None
     critic = build_value_model(policy, config) if config.critic.enable else None
     if config.model.gradient_checkpointing:
         for module in (policy, critic):
             if module is not None:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        from .lora import apply_lora
+        policy = apply_lora(policy, config)
+        critic = apply_lora(critic, config, value_model=True) if critic is not None else None
     return tokenizer, policy, reference, critic

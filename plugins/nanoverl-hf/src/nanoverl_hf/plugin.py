@@ -19,3 +19,6 @@ def register_rollouts(register):
 def register_rewards(register):
     register("gsm8k", "nanoverl_hf.rewards:gsm8k",
              description="1 if the answer after '####' (else the last number) equals the GSM8K ground truth")
+    register("reward_model", "nanoverl_hf.reward_model:reward_model",
+             settings="nanoverl_hf.reward_model:RewardModelSettings",
+             description="a local sequence-classification model's score of each (prompt, response), batched")

@@ -1,7 +1,9 @@
 """Worker `hf`: policy, reference and value model on transformers modules, in one process.
 
 The PPO mechanics (micro-batches, clipping, optimizer, checkpoints) are the core's `TorchActor` and
-`TorchCritic`; this file only builds the modules and the tokenizer.
+`TorchCritic`; this file only builds the modules and the tokenizer. With [model.lora] the actor and
+critic are nanoverl_hf.lora's (adapter-only optimizer and checkpoints) and the reference is the
+actor's own module with the adapter disabled.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ def make_workers(config: Config) -> Workers:
     source = resolve_source(config.model)          # a missing path fails here, before anything loads
     device = resolve_device(config.trainer.device)
     tokenizer, policy, reference, critic = build_modules(config, source)
+    if config.model.lora.enable:
+        from .lora import LoraActor, LoraCritic, reference_view
+        actor = LoraActor(policy.to(device), config, device=device)
+        return Workers(tokenizer=tokenizer, actor=actor,
+                       reference=reference_view(actor) if config.reference.enable else None,
+                       critic=LoraCritic(critic.to(device), config, device=device) if critic is not None else None)
     return Workers(
         tokenizer=tokenizer,
         actor=TorchActor(policy.to(device), config, device=device),
@@ -27,3 +35,5 @@ def make_workers(config: Config) -> Workers:
 
 
 make_workers.export_checkpoint = export_checkpoint  # what `nanoverl-train export` calls for this worker
+make_workers.supports_lora = True                   # [model.lora]: nanoverl_hf.lora
+make_workers.check_config = lambda config: resolve_source(config.model)  # model.path, gguf: before any write

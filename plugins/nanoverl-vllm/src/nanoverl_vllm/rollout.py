@@ -7,6 +7,12 @@
                               the tiny CPU model); if that fails, restart the engine from the actor's
                               current weights instead of generating with a half-loaded model
 
+With a LoRA actor, `[rollout.vllm] lora_sync` picks what a sync sends: "merged" (default) the merged
+weights as above; "adapter" the adapter alone: the engine starts once with the frozen base weights and
+vLLM's LoRA on (`max_loras = 1`), and each sync writes the adapter to a fresh folder (peft's
+save_pretrained layout) and loads it as a new `LoRARequest` (new id; the previous one is removed),
+which every generate then passes. A failed adapter load restarts the engine the same way.
+
 Sampling follows `SamplingParams` only (the checkpoint's generation_config.json is ignored). Each
 sampled row gets its own vLLM seed, `base + row` with `base` drawn from torch's global generator
 (seeded by `trainer.seed`), so a run is reproducible and rows that share a prompt still get different
@@ -15,6 +21,7 @@ samples; greedy calls (validation) draw nothing, so validating does not shift th
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import tempfile
@@ -25,12 +32,13 @@ from pathlib import Path
 
 import torch
 
-from nanoverl_core import RLBatch, SamplingParams, responses_to_batch
+from nanoverl_core import ConfigError, RLBatch, SamplingParams, responses_to_batch
 from nanoverl_core.config import Config
 from nanoverl_core.rollout import stop_token_ids
 
 from . import engine
 from .engine import TokensPrompt, VLLMSamplingParams
+from .settings import VLLMSettings, check_config
 
 log = logging.getLogger("nanoverl_vllm")
 
@@ -58,6 +66,18 @@ class VLLMRollout:
         self.config = config
         self.tokenizer = workers.tokenizer
         self.actor = workers.actor                                  # re-read after a sleep or a failed sync
+        check_config(config)
+        settings = config.rollout.settings if isinstance(config.rollout.settings, VLLMSettings) else VLLMSettings()
+        self.adapter_mode = settings.lora_sync == "adapter" and config.model.lora.enable
+        if self.adapter_mode and not hasattr(self.actor, "save_adapter"):
+            raise ConfigError(f'rollout.vllm.lora_sync = "adapter" needs a LoRA actor with save_adapter / base_tensors '
+                              f'(worker.name = hf or fsdp); this {type(self.actor).__name__} has none; set lora_sync = "merged"')
+        if self.adapter_mode and self.actor.adapted_embedding:
+            raise ConfigError('rollout.vllm.lora_sync = "adapter" cannot serve an adapted embedding (peft lora.Embedding '
+                              'in the actor; vLLM\'s LoRA takes linear layers only); drop it from model.lora.target_modules, '
+                              'or set lora_sync = "merged"')
+        self.lora_request = None                                    # adapter mode: the LoRARequest generate passes
+        self._lora_ids = itertools.count(1)
         self.log_probs = self.returns_log_probs = log_probs
         self.sleep = engine.sleep_supported() if sleep is None else sleep
         self.eos_token_ids = stop_token_ids(self.tokenizer, self.actor.module)
@@ -81,15 +101,39 @@ class VLLMRollout:
         """
         from_disk = from_disk or not engine.in_process()
         if from_disk:
-            engine.save_weights(actor.full_tensors(), self.folder)
+            engine.save_weights(self._engine_weights(actor), self.folder)
         kwargs = engine.engine_kwargs(self.config, self.folder, self.hf_config,
-                                      load_format="safetensors" if from_disk else "dummy", sleep=self.sleep)
+                                      load_format="safetensors" if from_disk else "dummy", sleep=self.sleep,
+                                      lora_rank=actor.lora_rank if self.adapter_mode else None)
         start = time.perf_counter()
         self.llm = engine.start_engine(kwargs)
         self.start_s = time.perf_counter() - start
+        self.lora_request = None
         if not from_disk:
-            engine.push_weights(self.llm, actor.full_tensors(), self.folder)
+            engine.push_weights(self.llm, self._engine_weights(actor), self.folder)
+        if self.adapter_mode:
+            self._load_adapter(actor)
         self.asleep = False
+
+    def _engine_weights(self, actor):
+        """What the engine's own weights are: the frozen base in adapter mode, else the (merged) model."""
+        return actor.base_tensors() if self.adapter_mode else actor.full_tensors()
+
+    def _load_adapter(self, actor) -> None:
+        """Write the actor's current adapter to a fresh folder and load it as a new LoRARequest (new id),
+        dropping the previous one from the engine and from disk."""
+        from vllm.lora.request import LoRARequest
+
+        lora_id = next(self._lora_ids)
+        path = actor.save_adapter(self.folder / f"adapter-{lora_id}")
+        request = LoRARequest(f"nanoverl-{lora_id}", lora_id, str(path))
+        old, self.lora_request = self.lora_request, None        # never generate with a half-swapped adapter
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        if not self.llm.llm_engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the adapter {path}")
+        self.lora_request = request
 
     def restart(self, actor) -> None:
         """Stop the engine and start a fresh one from `actor`'s current weights, written to disk."""
@@ -110,17 +154,24 @@ class VLLMRollout:
         `weights` (name, tensor) pairs default to the actor's full state dict, streamed one tensor at a
         time. A failure part-way would leave the engine with some layers new, some old and some not
         loaded at all, so the engine is restarted from the actor's weights instead (and the error logged).
+        In adapter mode (`lora_sync = "adapter"`) `weights` is not used: the actor's adapter is loaded.
         """
         start = time.perf_counter()
         self.actor = actor
         try:
-            if self.asleep:
-                self.llm.wake_up(tags=["weights"])            # allocate the weight memory back (contents are stale)
-            engine.push_weights(self.llm, weights if weights is not None else actor.full_tensors(),
-                                self.folder)
-            if self.asleep:
-                self.llm.wake_up(tags=["kv_cache"])
-                self.asleep = False
+            if self.adapter_mode:                             # the base stays; only the adapter is swapped
+                if self.asleep:
+                    self.llm.wake_up()                        # level-1 sleep kept the base weights in host memory
+                    self.asleep = False
+                self._load_adapter(actor)
+            else:
+                if self.asleep:
+                    self.llm.wake_up(tags=["weights"])        # allocate the weight memory back (contents are stale)
+                engine.push_weights(self.llm, weights if weights is not None else actor.full_tensors(),
+                                    self.folder)
+                if self.asleep:
+                    self.llm.wake_up(tags=["kv_cache"])
+                    self.asleep = False
         except Exception as exc:
             log.warning("vLLM weight sync failed (%s: %s); restarting the engine from the actor's current weights",
                         type(exc).__name__, exc)
@@ -138,14 +189,16 @@ class VLLMRollout:
         base_seed = 0 if params.greedy else int(torch.randint(0, 2**31, ()))   # global torch RNG; greedy draws none
         sampling = [to_vllm_params(params, stop_token_ids=self.eos_token_ids, seed=base_seed + row,
                                    log_probs=self.log_probs) for row in range(len(requests))]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)                 # same order as requests
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False,                 # same order as requests
+                                    lora_request=self.lora_request)
         completions = [out.outputs[0] for out in outputs]
         responses = [list(c.token_ids) for c in completions]
         log_probs = None
         if self.log_probs:
             log_probs = [[step[token].logprob for token, step in zip(c.token_ids, c.logprobs)] for c in completions]
         if self.sleep:
-            self.llm.sleep(level=2)                            # free weights + KV cache while the trainer works
+            # free weights + KV cache while the trainer works; adapter mode keeps the base in host memory (level 1)
+            self.llm.sleep(level=1 if self.adapter_mode else 2)
             self.asleep = True
         return responses_to_batch(responses, eos_token_id=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
                                   max_new_tokens=params.max_new_tokens, log_probs=log_probs)
@@ -153,3 +206,6 @@ class VLLMRollout:
 
 def make_rollout(config: Config, workers) -> VLLMRollout:
     return VLLMRollout(config, workers)
+
+
+make_rollout.check_config = check_config           # [rollout.vllm] lora_sync checks, run before any model loads

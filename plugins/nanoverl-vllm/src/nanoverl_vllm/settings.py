@@ -2,9 +2,47 @@
 
 import attrs
 
+LORA_SYNC = ("merged", "adapter")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `max_lora_rank` values vLLM 0.32 accepts (vllm.config.lora.MaxLoRARanks)."""
+
 
 @attrs.define
 class VLLMSettings:
     gpu_memory_utilization: float = attrs.field(default=0.5, validator=[attrs.validators.gt(0),
                                                                          attrs.validators.le(1)])
     """Fraction of accelerator memory the engine may take (weights + KV cache); ignored on CPU."""
+    lora_sync: str = attrs.field(default="merged", validator=attrs.validators.in_(LORA_SYNC))
+    """With [model.lora] enable = true, what each weight sync sends the engine. "merged" (default):
+    every weight, adapted ones as W + alpha/r * B @ A, streamed into a plain engine (no vLLM LoRA
+    involved). "adapter": the engine holds the frozen base once (`enable_lora`, `max_loras = 1`) and each
+    sync writes only the adapter (a peft save_pretrained folder) and loads it as a new `LoRARequest`;
+    not for an adapted input embedding. Without LoRA only "merged" applies."""
+
+
+def lora_rank_limit(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds an adapter of `rank`."""
+    return next(limit for limit in VLLM_LORA_RANKS if limit >= rank)
+
+
+def check_config(config) -> None:
+    """[rollout.vllm] lora_sync combinations vLLM's LoRA cannot serve, as ConfigErrors (before any model loads)."""
+    from nanoverl_core import ConfigError
+
+    settings = config.rollout.settings if isinstance(config.rollout.settings, VLLMSettings) else VLLMSettings()
+    if settings.lora_sync != "adapter":
+        return
+    lora = config.model.lora
+    key = 'rollout.vllm.lora_sync = "adapter"'
+    if not lora.enable:
+        raise ConfigError(f"{key} sends a LoRA adapter, but model.lora.enable = false; set model.lora.enable = true, "
+                          'or lora_sync = "merged" (valid choices: merged, adapter)')
+    if lora.rank > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(f"{key}: model.lora.rank = {lora.rank} exceeds vLLM's largest max_lora_rank "
+                          f"({VLLM_LORA_RANKS[-1]}); lower model.lora.rank or set lora_sync = \"merged\"")
+    if lora.target_modules != "all-linear":
+        embeddings = [t for t in lora.target_modules if "embed" in t.split(".")[-1] or t.split(".")[-1] == "wte"]
+        if embeddings:
+            raise ConfigError(f"{key} cannot serve an adapted embedding (model.lora.target_modules has "
+                              f"{embeddings[0]!r}; vLLM's LoRA takes linear layers only); drop it from "
+                              'model.lora.target_modules, or set lora_sync = "merged"')

@@ -1,0 +1,305 @@
+"""LoRA for the `hf` and `fsdp` workers, through peft (`pip install "nanoverl-hf[lora]"`).
+
+With `[model.lora] enable = true` the policy (and the value model, whose `score` head stays
+trainable in full) is wrapped with `peft.get_peft_model`: the base weights are frozen, and only the
+adapter (and the value head) require grad, so the core's optimizer, which takes the parameters that
+require grad, holds Adam state for the adapter alone.
+
+- Reference: `AdapterDisabled`, a view over the actor's own module run inside peft's
+  `disable_adapter()`; it holds no parameter, so there is no second copy of the model. A disabled
+  LoRA layer computes exactly `base_layer(x)`, so reference log-probs equal the base model's bit
+  for bit (a test pins it).
+- Checkpoints: `adapter_model.safetensors` (peft's `get_peft_model_state_dict`, the file peft's own
+  `save_pretrained` writes), `adapter_config.json`, and the optimizer state as today (weights-only
+  torch.save); the frozen base is rebuilt from `model.path` (and `trainer.seed` for random weights).
+- Rollout weights: `merged_tensors` yields the merged model's state dict under plain transformers
+  names, each LoRA layer's weight computed as W + scale * B @ A on the fly. W itself is never
+  changed, so repeated syncs cannot drift (an in-place merge_adapter / unmerge_adapter round trip
+  is not exact in floating point: W + d - d != W). Sharded (DTensor) entries are gathered first.
+  For an engine that serves the adapter itself (vLLM's `[rollout.vllm] lora_sync = "adapter"`),
+  `base_tensors` yields the frozen W under the same names and `save_adapter` writes a peft
+  save_pretrained folder.
+- Export: peft's `merge_and_unload` gives the plain model that `save_pretrained` writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from nanoverl_core import ConfigError, TorchActor, TorchCritic
+from nanoverl_core.config import Config
+from nanoverl_core.errors import CheckpointMismatch
+from nanoverl_core.workers import checkpoint_fits, load_tensors, save_tensors
+
+INSTALL = 'pip install "nanoverl-hf[lora]"'
+ADAPTER_FILE = "adapter_model.safetensors"
+"""The adapter's weights in a checkpoint's actor/ (and critic/) folder, as peft's save_pretrained names them."""
+VALUE_HEAD = "score"
+"""The value model's head (AutoModelForTokenClassification), trained in full next to its adapter."""
+
+
+def require_peft():
+    """The peft module, or a ConfigError with the install line (checked before any model loads)."""
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError(f"model.lora.enable = true needs peft, which is not installed: {INSTALL} "
+                          "(or set model.lora.enable = false)") from None
+    return peft
+
+
+def _adaptable_modules(model: torch.nn.Module) -> list[str]:
+    """Full names of the layers LoRA can adapt: linear layers (transformers' Conv1D too), not the output
+    head, and the input embedding (peft's lora.Embedding; a tied output head follows it)."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names = []
+    for name, module in model.named_modules():
+        if module is output or name.split(".")[-1] == VALUE_HEAD:
+            continue
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or type(module).__name__ == "Conv1D":
+            names.append(name)
+    return names
+
+
+def check_target_modules(model: torch.nn.Module, config: Config):
+    """model.lora.target_modules as peft takes it; a name matching no adaptable layer is a ConfigError
+    listing the names that exist (a name matches a layer whose full name is it or ends in ".name")."""
+    targets = config.model.lora.target_modules
+    names = _adaptable_modules(model)
+    if targets == "all-linear":
+        return targets
+    for target in targets:
+        if not any(name == target or name.endswith("." + target) for name in names):
+            valid = sorted({name.split(".")[-1] for name in names})
+            raise ConfigError(f"model.lora.target_modules: {target!r} matches no linear or embedding layer of this "
+                              f"model; valid choices: all-linear, {', '.join(valid)}")
+        embedding = any(isinstance(module, torch.nn.Embedding) and (name == target or name.endswith("." + target))
+                        for name, module in model.named_modules())
+        if embedding and config.worker.name != "hf":     # a tied head's adapter is a view of the embedding's
+            raise ConfigError(f"model.lora.target_modules: {target!r} is an embedding layer, adapted with "
+                              f"worker.name = \"hf\" only (not {config.worker.name!r}); drop it from the list")
+    return list(targets)
+
+
+def apply_lora(model: torch.nn.Module, config: Config, *, value_model: bool = False):
+    """`model` wrapped by peft.get_peft_model with the [model.lora] settings: base frozen, adapter trainable
+    (plus the value head in full for a value model). The adapter's random init is drawn from
+    trainer.seed (+3 for the value model) without touching the global RNG stream."""
+    peft = require_peft()
+    cfg = config.model.lora
+    targets = check_target_modules(model, config)
+    embedding = targets != "all-linear" and any(
+        isinstance(module, torch.nn.Embedding) and any(name == t or name.endswith("." + t) for t in targets)
+        for name, module in model.named_modules())
+    lora_config = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                                  target_modules=targets, bias="none",
+                                  modules_to_save=[VALUE_HEAD] if value_model else None,
+                                  ensure_weight_tying=embedding,   # a tied output head shares the embedding's adapter
+                                  task_type=None if value_model else "CAUSAL_LM")
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")   # peft asks transformers 5
+        warnings.filterwarnings("ignore", message=".*tied_target_modules.*")  # handled: merged_tensors, ensure_weight_tying
+        torch.manual_seed(config.trainer.seed + (3 if value_model else 2))
+        wrapped = peft.get_peft_model(model, lora_config)
+    return wrapped
+
+
+class AdapterDisabled(torch.nn.Module):
+    """The LoRA reference policy: the actor's module, run with its adapter disabled.
+
+    The peft model is held as a plain attribute, not a submodule, so this view has no parameters or
+    state dict of its own: freezing it (as the core does for a reference) cannot touch the adapter,
+    and nothing is copied."""
+
+    def __init__(self, peft_model: torch.nn.Module):
+        super().__init__()
+        object.__setattr__(self, "peft_model", peft_model)
+
+    @property
+    def config(self):
+        return self.peft_model.get_base_model().config
+
+    def forward(self, *args, **kwargs):
+        with self.peft_model.disable_adapter():
+            return self.peft_model(*args, **kwargs)
+
+
+def _full(value: torch.Tensor) -> torch.Tensor:
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def merged_tensors(peft_model: torch.nn.Module, *, merge: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the merged model's state dict, plain transformers names, one at a time.
+
+    Each adapted weight is W + scale * B @ A (transposed for fan_in_fan_out layers), computed in
+    float32 and cast to W's dtype; W is not modified. `merge=False` yields the frozen base weights W
+    themselves under the same names (what an engine serving the adapter separately starts from).
+    Under torchrun every DTensor is gathered (a collective): consume the iterator whole on every rank."""
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    layers = {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+    for name, value in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        tensor = _full(value).detach()
+        prefix, sep, leaf = name.rpartition(".base_layer.")
+        if sep:
+            layer, name = layers[prefix], f"{prefix}.{leaf}"
+            if leaf == "weight" and merge:
+                delta = torch.zeros(tensor.shape, dtype=torch.float32, device=tensor.device)
+                for adapter in layer.active_adapters:
+                    if adapter in layer.lora_embedding_A:        # lora.Embedding: (B @ A).T, as peft's get_delta_weight
+                        lora_a = _full(layer.lora_embedding_A[adapter]).detach().float()
+                        lora_b = _full(layer.lora_embedding_B[adapter]).detach().float()
+                        delta += (lora_b @ lora_a).T * layer.scaling[adapter]
+                        continue
+                    lora_a = _full(layer.lora_A[adapter].weight).detach().float()
+                    lora_b = _full(layer.lora_B[adapter].weight).detach().float()
+                    step = (lora_b @ lora_a) * layer.scaling[adapter]
+                    delta += step.T if layer.fan_in_fan_out else step
+                tensor = (tensor.float() + delta).to(tensor.dtype)
+        yield name, tensor
+
+
+def save_adapter(peft_model: torch.nn.Module, folder: Path) -> Path:
+    """Write the current adapter as peft's save_pretrained does (adapter_model.safetensors, peft's
+    get_peft_model_state_dict names, + adapter_config.json), loadable by peft and by vLLM's LoRARequest.
+    Sharded (DTensor) entries are gathered: call it on every rank under torchrun."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    # save_embedding_layers=False: with an adapted embedding peft would also save the frozen base
+    # embedding (and a tied head sharing its storage, which safetensors refuses); it is rebuilt anyway
+    state = {k: _full(v).detach().to("cpu").contiguous()
+             for k, v in get_peft_model_state_dict(peft_model, save_embedding_layers=False).items()}
+    save_file(state, str(folder / ADAPTER_FILE))
+    peft_model.peft_config["default"].save_pretrained(str(folder))    # adapter_config.json
+    return folder
+
+
+def has_adapted_embedding(peft_model: torch.nn.Module) -> bool:
+    """Whether any adapter sits on an embedding layer (peft's lora.Embedding)."""
+    from peft.tuners.lora import Embedding
+
+    return any(isinstance(module, Embedding) for module in peft_model.modules())
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module):
+    """Adapter dropout off for a log-prob / value pass (the update's forward keeps it)."""
+    was = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was)
+
+
+class _AdapterCheckpoint:
+    """save / load of the adapter (and a value head) and its optimizer state, not the frozen base."""
+
+    lora = True
+    module: torch.nn.Module
+
+    def save(self, path: Path) -> None:
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        path.mkdir(parents=True, exist_ok=True)
+        # save_embedding_layers=False: with an adapted embedding peft would also save the frozen base
+        # embedding (and a tied head sharing its storage, which safetensors refuses); it is rebuilt anyway
+        state = {k: v.detach().contiguous()
+                 for k, v in get_peft_model_state_dict(self.module, save_embedding_layers=False).items()}
+        save_file(state, str(path / ADAPTER_FILE))
+        self.module.peft_config["default"].save_pretrained(str(path))    # adapter_config.json
+        if self.optimizer is not None:
+            save_tensors(self.optimizer.state_dict(), path / "optimizer.pt")
+            (path / "scheduler.json").write_text(json.dumps(self.scheduler.state_dict()))
+
+    def load(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        if not (path / ADAPTER_FILE).is_file():
+            raise CheckpointMismatch(f"{path} holds no LoRA adapter ({ADAPTER_FILE}): it was saved by a run without "
+                                     "model.lora.enable; resume it with the same model.lora settings")
+        with checkpoint_fits(path):
+            load_adapter(self.module, load_file(str(path / ADAPTER_FILE), device=str(self.device)))
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(load_tensors(path / "optimizer.pt", self.device))
+                self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+
+
+def load_adapter(peft_model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Put saved adapter weights (get_peft_model_state_dict names) into `peft_model`; every trainable
+    tensor must be in `state` and every entry of `state` must fit (else CheckpointMismatch)."""
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(peft_model, state)
+    trainable = {name for name, p in peft_model.named_parameters() if p.requires_grad}
+    missing = sorted(trainable & set(result.missing_keys))
+    if result.unexpected_keys or missing:
+        raise CheckpointMismatch(f"the adapter does not fit this model: missing {missing[:3]}, unexpected "
+                                 f"{sorted(result.unexpected_keys)[:3]}; resume with the run's model.lora settings")
+
+
+def _keeps_logits(peft_model: torch.nn.Module) -> bool:
+    """peft's forward takes **kwargs and passes them on: ask the base model whether it trims logits."""
+    return "logits_to_keep" in inspect.signature(peft_model.get_base_model().forward).parameters
+
+
+class LoraActor(_AdapterCheckpoint, TorchActor):
+    """A policy whose module is a peft model: adapter-only optimizer and checkpoints, merged full_tensors."""
+
+    def __init__(self, module: torch.nn.Module, config: Config, *, device: torch.device | str = "cpu", **kwargs):
+        super().__init__(module, config, device=device, **kwargs)
+        self.keeps_logits = _keeps_logits(module)
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch):
+        with eval_mode(self.module):
+            return super().compute_log_probs(batch)
+
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The merged weights under the base model's names (what a rollout engine loads)."""
+        return merged_tensors(self.module)
+
+    def base_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The frozen base weights (no adapter) under the base model's names."""
+        return merged_tensors(self.module, merge=False)
+
+    def save_adapter(self, folder: Path) -> Path:
+        """The current adapter as a peft save_pretrained folder (see `save_adapter`)."""
+        return save_adapter(self.module, folder)
+
+    @property
+    def lora_rank(self) -> int:
+        return self.module.peft_config["default"].r
+
+    @property
+    def adapted_embedding(self) -> bool:
+        return has_adapted_embedding(self.module)
+
+
+class LoraCritic(_AdapterCheckpoint, TorchCritic):
+    """A value model with a LoRA backbone and a fully trained `score` head."""
+
+    @torch.no_grad()
+    def compute_values(self, batch):
+        with eval_mode(self.module):
+            return super().compute_values(batch)
+
+
+def reference_view(actor: TorchActor, cls=TorchActor, **kwargs):
+    """The reference policy of a LoRA actor: `cls` (a frozen actor class) over AdapterDisabled(actor.module)."""
+    reference = cls(AdapterDisabled(actor.module), actor.config, trainable=False, device=actor.device, **kwargs)
+    reference.keeps_logits = actor.keeps_logits
+    return reference

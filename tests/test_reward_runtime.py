@@ -1,0 +1,158 @@
+"""The reward runtime through the real CLI: rewards that hang, segfault, call os._exit, return a string
+or leak memory, scored in worker processes. With reward.on_error = "zero" the run finishes and every
+such call is counted and written to reward_errors.jsonl; with "raise" it exits 2 naming the row, and the
+newest checkpoint is intact (the same run resumes from it). Also: the timeout holds off the main thread,
+and validation counts its failed calls.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import EXAMPLES, assert_user_error, read_metrics, run_cli
+
+REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
+BASE = ["trainer.progress=none", "trainer.save_every=1", "data.shuffle=false", "rollout.n=2",
+        "tracking.trackers=[jsonl]", "trainer.rollout_samples=-1", "reward.workers=2", "reward.timeout_s=2",
+        "reward.memory_limit_mb=400"]
+
+FAULTY = '''
+import os, signal, time
+
+LEAK = []
+
+
+def compute_score(prompt, response, sample):
+    fault = sample.get("fault", "")
+    if fault == "hang":
+        while True:
+            time.sleep(0.01)
+    if fault == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "exit":
+        os._exit(3)
+    if fault == "string":
+        return "ok"
+    if fault == "leak":          # grows until the worker's memory limit stops it
+        while True:
+            LEAK.append(bytearray(16 * 2**20))
+    return 1.0
+'''
+FAULTS = ["hang", "segv", "exit", "string", "leak"]
+KIND = {"hang": "timeout", "segv": "crash", "exit": "crash", "string": "invalid", "leak": "memory"}
+NEEDLE = {"hang": "timed out after reward.timeout_s=2s", "segv": "killed by SIGSEGV", "exit": "exited with status 3",
+          "string": "returned str 'ok'", "leak": "ran out of memory"}
+
+
+def rows_file(path: Path, faults: list[str]) -> Path:
+    rows = [{"prompt": f"{100 + i}=", "target": f"{100 + i}", "fault": fault} for i, fault in enumerate(faults)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def error_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "reward_errors.jsonl").read_text().splitlines()]
+
+
+def test_with_on_error_zero_every_fault_is_scored_0_counted_and_written(tmp_path):
+    reward = tmp_path / "faulty.py"
+    reward.write_text(FAULTY)
+    train = rows_file(tmp_path / "train.jsonl", [*FAULTS, "", "", ""])      # 8 prompts x 2 samples a step
+    val = rows_file(tmp_path / "val.jsonl", ["", "string"])
+    run_dir = tmp_path / "run"
+    proc = run_cli("--config", REINFORCE, *BASE, "trainer.total_steps=2", "trainer.val_every=2",
+                   f"data.train_files=[{train}]", f"data.val_files=[{val}]", "data.batch_size=8",
+                   f"reward.file={reward}", "reward.on_error=zero", f"trainer.output_dir={run_dir}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    for row in metrics:
+        assert row["reward/errors"] == 10 and row["reward/timeouts"] == 2 and row["reward/crashes"] == 4
+        assert row["reward/mean"] == pytest.approx(6 / 16)                 # 3 good prompts x 2 samples score 1
+    assert metrics[-1]["val/reward/errors"] == 1 and metrics[-1]["val/reward/mean"] == pytest.approx(0.5)
+    for step in (1, 2):
+        rollouts = [json.loads(line) for line in (run_dir / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert [r["score"] for r in rollouts] == [0.0] * 10 + [1.0] * 6
+    written = error_rows(run_dir)
+    train_rows = [r for r in written if r["phase"] == "train"]
+    assert len(train_rows) == 20 and sorted(r["step"] for r in train_rows) == [1] * 10 + [2] * 10
+    for r in train_rows:
+        fault = r["row"]["fault"]
+        assert r["kind"] == KIND[fault] and NEEDLE[fault] in r["message"], r
+        assert r["index"] == FAULTS.index(fault) and r["response"] is not None and r["prompt"]
+    (val_row,) = [r for r in written if r["phase"] == "val"]
+    assert val_row["row"]["fault"] == "string" and val_row["kind"] == "invalid" and val_row["step"] == 2
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_with_on_error_raise_a_fault_exits_2_naming_the_row_and_the_checkpoint_is_intact(tmp_path, fault):
+    reward = tmp_path / "faulty.py"
+    reward.write_text(FAULTY)
+    train = rows_file(tmp_path / "train.jsonl", ["", "", fault, ""])        # step 1: rows 0-1, step 2: rows 2-3
+    run_dir = tmp_path / "run"
+    args = ["--config", REINFORCE, *BASE, "trainer.total_steps=3", "data.val_files=[]", "data.batch_size=2",
+            f"data.train_files=[{train}]", f"reward.file={reward}", f"trainer.output_dir={run_dir}"]
+    proc = run_cli(*args, "reward.on_error=raise", timeout=300)
+    line = assert_user_error(proc, f"reward {reward}:compute_score on data row 2", NEEDLE[fault],
+                             "reward.on_error=zero", "reward_errors.jsonl")
+    assert line.startswith("error: reward ")
+    (ckpt,) = (run_dir / "checkpoints").iterdir()                           # step 1's, complete, nothing half-written
+    assert ckpt.name.startswith("step_") and int(ckpt.name.removeprefix("step_")) == 1
+    assert [r["step"] for r in read_metrics(run_dir)] == [1]
+    (written,) = error_rows(run_dir)
+    assert written["kind"] == KIND[fault] and written["index"] == 2 and written["row"]["fault"] == fault
+    if fault == "segv":  # the checkpoint is complete: the same run resumes from it and finishes
+        proc = run_cli(*args, "reward.on_error=zero", timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "resumed from" in proc.stderr and "(step 1)" in proc.stderr
+        assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+        assert read_metrics(run_dir)[1]["reward/crashes"] == 2
+
+
+def _scorer(tmp_path, source: str, **overrides):
+    from nanoverl_core.config import RewardConfig
+    from nanoverl_core.plugins import Registry
+    from nanoverl_core.reward import RewardScorer
+
+    reward = tmp_path / "r.py"
+    reward.write_text(source)
+    cfg = RewardConfig(file=str(reward), **overrides)
+    return RewardScorer(cfg, Registry(), run_dir=tmp_path / "run")
+
+
+def _batch(n: int):
+    from nanoverl_core.batch import RLBatch
+    return RLBatch({"x": torch.zeros(n)}, {"row": [{"target": "1", "i": i} for i in range(n)],
+                                           "prompt_text": ["p"] * n, "index": list(range(n)),
+                                           "data_source": ["d"] * n})
+
+
+def test_the_timeout_holds_off_the_main_thread(tmp_path):
+    source = ("import time\ndef compute_score(prompt, response, sample):\n"
+              "    if sample['i'] == 1:\n        while True:\n            pass\n    return 0.5\n")
+    scorer = _scorer(tmp_path, source, workers=2, timeout_s=0.5, on_error="zero")
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(result=scorer.score(_batch(4), ["a", "b", "c", "d"])))
+    thread.start()
+    thread.join(60)
+    scorer.close()
+    scores, metrics = out["result"]
+    assert scores.tolist() == [0.5, 0.0, 0.5, 0.5]
+    assert metrics["reward/timeouts"] == 1 and metrics["reward/errors"] == 1
+
+
+def test_workers_0_scores_in_process_like_the_pool(tmp_path):
+    source = "def compute_score(prompt, response, sample):\n    return {'score': len(response) / 4, 'i': sample['i']}\n"
+    texts = ["a", "bb", "ccc", "dddd", "", "ee"]
+    results = []
+    for workers in (0, 3):
+        scorer = _scorer(tmp_path, source, workers=workers)
+        results.append(scorer.score(_batch(6), texts))
+        scorer.close()
+    (s0, m0), (s3, m3) = results
+    assert s0.tolist() == s3.tolist() == [0.25, 0.5, 0.75, 1.0, 0.0, 0.5]
+    assert m0 == m3 and m0["reward/i"] == pytest.approx(2.5)
