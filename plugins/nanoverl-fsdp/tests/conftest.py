@@ -43,6 +43,24 @@ def run(cmd: list[str], *, timeout: float = 120, check: bool = True, **env_extra
     return proc
 
 
+def assert_same_update(hf: dict, fsdp: dict, atol: float) -> None:
+    """update_driver's results of one process (`hf`) and of 2 FSDP ranks (`fsdp`): the same start, the same
+    log-probs, values and metrics, and the same actor and critic parameters after the update, to `atol`."""
+    import torch
+
+    assert all(torch.equal(hf["initial"][k], fsdp["initial"][k]) for k in hf["initial"])   # same start
+    for key in ("log_probs", "ref_log_probs", "values", "odd_log_probs"):
+        torch.testing.assert_close(fsdp[key], hf[key], atol=atol, rtol=0, msg=key)
+    for key in ("critic_metrics", "actor_metrics", "odd_actor_metrics"):
+        assert fsdp[key].keys() == hf[key].keys()
+        for name, want in hf[key].items():
+            assert fsdp[key][name] == pytest.approx(want, abs=atol), (key, name)
+    for model in ("actor", "critic"):
+        assert fsdp[model].keys() == hf[model].keys()
+        for name, want in hf[model].items():
+            torch.testing.assert_close(fsdp[model][name], want, atol=atol, rtol=0, msg=f"{model} {name}")
+
+
 def read_metrics(run_dir: Path) -> dict[int, dict]:
     """metrics.jsonl as {step: metrics}; a step logged twice (before a kill and after resume) keeps the last."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

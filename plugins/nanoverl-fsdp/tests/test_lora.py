@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("peft")
 
-from conftest import HERE, run, torchrun  # noqa: E402
+from conftest import HERE, assert_same_update, run, torchrun  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 import update_driver  # noqa: E402
@@ -37,23 +37,14 @@ def results(tiny_model, tmp_path_factory):
 
 def test_a_two_rank_lora_update_equals_one_process(results):
     hf, fsdp, _ = results
-    assert all(torch.equal(hf["initial"][k], fsdp["initial"][k]) for k in hf["initial"])
+    assert_same_update(hf, fsdp, ATOL)
     assert any(".lora_A." in k for k in hf["actor"]) and any(".lora_B." in k for k in hf["critic"])
-    for key in ("log_probs", "ref_log_probs", "values", "odd_log_probs"):
-        torch.testing.assert_close(fsdp[key], hf[key], atol=ATOL, rtol=0, msg=key)
-    for key in ("critic_metrics", "actor_metrics", "odd_actor_metrics"):
-        assert fsdp[key].keys() == hf[key].keys()
-        for name, want in hf[key].items():
-            assert fsdp[key][name] == pytest.approx(want, abs=ATOL), (key, name)
     assert hf["actor_metrics"]["actor/kl_loss"] > 0                   # the adapter moved off the reference
     for model in ("actor", "critic"):
-        assert fsdp[model].keys() == hf[model].keys()
         frozen = [k for k in hf[model] if ".lora_" not in k and "modules_to_save" not in k]
         assert all(torch.equal(hf[model][k], hf["initial"][k]) for k in frozen if k in hf["initial"])
         moved = max((hf[model][k] - hf["initial"].get(k, hf[model][k])).abs().max() for k in hf[model])
         assert moved > 1e-2
-        for name, want in hf[model].items():
-            torch.testing.assert_close(fsdp[model][name], want, atol=ATOL, rtol=0, msg=f"{model} {name}")
 
 
 def test_the_checkpoint_holds_the_adapter_shards_and_exports_merged(results, tiny_model):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nanoverl_core.testing import check_actor
-from conftest import HERE, run, torchrun
+from conftest import HERE, assert_same_update, run, torchrun
 
 sys.path.insert(0, str(HERE))
 import update_driver  # noqa: E402
@@ -37,21 +37,12 @@ def results(tiny_model, tmp_path_factory):
 
 def test_two_ranks_give_the_single_process_log_probs_values_metrics_and_parameters(results):
     hf, fsdp, _ = results
-    assert all(torch.equal(hf["initial"][k], fsdp["initial"][k]) for k in hf["initial"])   # same start
-    for key in ("log_probs", "ref_log_probs", "values", "odd_log_probs"):
-        torch.testing.assert_close(fsdp[key], hf[key], atol=ATOL, rtol=0, msg=key)
-    for key in ("critic_metrics", "actor_metrics", "odd_actor_metrics"):
-        assert fsdp[key].keys() == hf[key].keys()
-        for name, want in hf[key].items():
-            assert fsdp[key][name] == pytest.approx(want, abs=ATOL), (key, name)
+    assert_same_update(hf, fsdp, ATOL)                              # 2 ranks = 1 process
     assert hf["actor_metrics"]["actor/grad_norm"] > 0.3            # the clip (0.3) was active
     assert hf["actor_metrics"]["actor/pg_clipfrac"] > 0             # and so was the PPO clip
     for model in ("actor", "critic"):
-        assert fsdp[model].keys() == hf[model].keys()
         moved = max((hf[model][k] - hf["initial"].get(k, hf[model][k])).abs().max() for k in hf[model])
-        assert moved > 1e-2                                         # the update changed the weights...
-        for name, want in hf[model].items():                        # ...identically on 2 ranks
-            torch.testing.assert_close(fsdp[model][name], want, atol=ATOL, rtol=0, msg=f"{model} {name}")
+        assert moved > 1e-2                                         # the update changed the weights
 
 
 def test_a_token_budget_on_two_ranks_gives_the_single_process_fixed_split_update(results, tiny_model, tmp_path):
