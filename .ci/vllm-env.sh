@@ -57,7 +57,7 @@ fi
 say "installing nanoverl (editable, --no-deps) and its light dependencies"
 run "${PIP[@]}" install -q attrs cattrs pluggy pyyaml datasets safetensors numpy matplotlib tokenizers gguf "peft>=0.17" pytest pytest-timeout
 run "${PIP[@]}" install -q --no-deps -e "$ROOT" -e "$ROOT/plugins/nanoverl-hf" -e "$ROOT/plugins/nanoverl-grpo" \
-    -e "$ROOT/plugins/nanoverl-vllm"
+    -e "$ROOT/plugins/nanoverl-vllm" -e "$ROOT/plugins/nanoverl-fsdp"
 
 say "check:"
 run "$VENV/bin/python" -c "import vllm, torch, transformers, nanoverl_core, nanoverl_hf, nanoverl_vllm; \

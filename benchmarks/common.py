@@ -16,6 +16,8 @@ Every benchmark builds its models locally (no downloads) into a temporary folder
          vocabulary dominate, as they do for real tokenizers (32k-150k tokens).
 
 Weights are drawn once from seed 0 and saved as safetensors, so every contender loads the same files.
+`smollm2_folder` writes SmolLM2-135M's architecture (49,152-token vocabulary) as a config-only folder
+instead (random weights from trainer.seed; `lora.py` and `memory_flat.py --update` use it).
 """
 
 from __future__ import annotations
@@ -48,6 +50,30 @@ MODELS: dict[str, dict[str, Any]] = {   # build_tiny_model arguments
     "10m-v32k": {"alphabet": "0123456789=" + "".join(chr(0x4E00 + i) for i in range(32000)), "hidden": 256,
                  "layers": 2, "heads": 8, "intermediate": 1024},
 }
+
+
+GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                  num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                  tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0)
+"""HuggingFaceTB/SmolLM2-135M's config.json, used only when the GGUF file is not in models/."""
+
+
+def smollm2_folder(out: Path) -> tuple[Path, str]:
+    """A config-only folder of SmolLM2-135M's architecture with a small stand-in tokenizer."""
+    from transformers import AutoConfig, LlamaConfig
+
+    from nanoverl_hf.tiny import build_tokenizer
+
+    if GGUF.is_file():
+        config, source = AutoConfig.from_pretrained(GGUF.parent, gguf_file=GGUF.name), f"architecture of {GGUF.name}"
+    else:
+        config, source = LlamaConfig(**SMOL_SHAPE), "HuggingFaceTB/SmolLM2-135M's published config"
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    tokenizer = build_tokenizer("0123456789=")
+    tokenizer.save_pretrained(out)
+    return out, source + ", random weights"
 
 
 def load_average() -> str:

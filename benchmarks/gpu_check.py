@@ -13,6 +13,9 @@ Two paths, each in its own subprocess through the real trainer, GRPO, `--warmup`
   hf     worker `hf`, rollout `hf` sharing the actor's module (trainer.device=cuda)
   fsdp   worker `fsdp` (FSDP2, a world of one, NCCL) with the `hf` rollout on its own copy that
          `weight_sync` refreshes each step; skipped with a note if nanoverl-fsdp is not importable
+  fsdp_vllm  worker `fsdp` with the `vllm` rollout: an in-process engine on the same GPU that sleeps
+         (frees its KV cache and weights) during the update and is woken and fed the gathered weights,
+         tensor by tensor, at `weight_sync`; skipped with a note if vLLM or nanoverl-vllm is missing
 
 Per stage it reports seconds (median), tokens/s and MFU = achieved FLOP/s / peak FLOP/s with
   forward-only stages (rollout, old / ref log-probs, values): 2 * N * tokens
@@ -53,13 +56,16 @@ QWEN25_05B = {
     "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu",
     "use_sliding_window": False, "attention_dropout": 0.0, "torch_dtype": "bfloat16",
 }
-SMOKE = {**QWEN25_05B, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1024, "max_position_embeddings": 512}
+SMOKE = {**QWEN25_05B, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,   # head_dim 32:
+         "num_key_value_heads": 1, "intermediate_size": 128, "vocab_size": 1024,           # vLLM's CPU kernels
+         "max_position_embeddings": 512}
 STAGES = ("rollout", "old_log_probs", "ref_log_probs", "values", "actor_update", "critic_update", "weight_sync")
 FLOPS_PER_PARAM_TOKEN = {"rollout": 2, "old_log_probs": 2, "ref_log_probs": 2, "values": 2, "actor_update": 6,
                 "critic_update": 6}
 PLUGINS = {"nanoverl-hf": "nanoverl_hf.plugin", "nanoverl-grpo": "nanoverl_grpo.plugin",
-           "nanoverl-fsdp": "nanoverl_fsdp.plugin"}
+           "nanoverl-fsdp": "nanoverl_fsdp.plugin", "nanoverl-vllm": "nanoverl_vllm.plugin"}
+NEEDS = {"fsdp": ["nanoverl_fsdp.workers"], "fsdp_vllm": ["nanoverl_fsdp.workers", "nanoverl_vllm.engine"]}
+"""Modules a path imports; an absent or broken one skips the path with a note."""
 
 
 def build_model_folder(out: Path, shape: dict) -> Path:
@@ -122,12 +128,11 @@ def run_path(spec: dict) -> dict:
     from nanoverl_core import load_config
     from nanoverl_core.trainer.trainer import Trainer
 
-    if spec["path"] == "fsdp":
+    for module in NEEDS.get(spec["path"], []):
         try:
-            importlib.import_module("nanoverl_fsdp.workers")
+            importlib.import_module(module)
         except Exception as exc:  # an absent or broken plugin is a note, not a failure of the check
-            return {"path": "fsdp", "skipped": f"nanoverl-fsdp is not importable ({type(exc).__name__}: {exc}); "
-                                               "install plugins/nanoverl-fsdp or run from the checkout"}
+            return {"path": spec["path"], "skipped": f"{module} is not importable ({type(exc).__name__}: {exc})"}
     out = Path(spec["work"]) / spec["path"]
     overrides = [
         f"model.path={spec['model']}", f"model.dtype={spec['dtype']}", f"trainer.device={spec['device']}",
@@ -137,7 +142,9 @@ def run_path(spec: dict) -> dict:
         "data.val_files=[]", f"data.batch_size={spec['batch']}", f"rollout.n={spec['n']}",
         f"rollout.max_new_tokens={spec['max_new_tokens']}", f"actor.micro_batch_size={spec['micro']}",
         "actor.lr=1e-6", "actor.entropy_coeff=0", "algorithm.advantage_estimator=grpo", "reward.name=char_match"]
-    if spec["path"] == "fsdp":
+    if spec["path"] == "fsdp_vllm":
+        overrides += ["rollout.name=vllm"]
+    if spec["path"] in ("fsdp", "fsdp_vllm"):
         overrides += ["worker.name=fsdp", f"worker.fsdp.param_dtype={spec['dtype']}", "worker.fsdp.reduce_dtype=float32"]
     config = load_config(str(ROOT / "examples/configs/tiny_grpo.toml"), overrides=overrides)
     start = time.perf_counter()
@@ -182,6 +189,9 @@ def run_path(spec: dict) -> dict:
         "step_mfu": round(total_flops / step_s / peak, 4), "stages": stages,
         "peak_tflops_assumed": spec["peak_tflops"], "reward_mean": round(med("reward/mean"), 4),
     }
+    if spec["path"] == "fsdp_vllm":   # did the engine free its memory during the update, and stay up
+        result["vllm"] = {"sleep": trainer.rollout.sleep, "restarts": trainer.rollout.restarts,
+                          "start_s": round(trainer.rollout.start_s, 1)}
     if cuda:
         result["peak_cuda_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return result
@@ -191,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shape, 2 steps: the script works")
-    parser.add_argument("--paths", nargs="+", default=["hf", "fsdp"], choices=["hf", "fsdp"])
+    parser.add_argument("--paths", nargs="+", default=["hf", "fsdp", "fsdp_vllm"], choices=["hf", "fsdp", "fsdp_vllm"])
     parser.add_argument("--batch", type=int, default=16, help="prompts per step")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -199,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s of the GPU")
-    parser.add_argument("--timeout", type=float, default=130, help="seconds allowed per path (2 paths < 5 min)")
+    parser.add_argument("--timeout", type=float, default=95, help="seconds allowed per path (3 paths < 5 min)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:

@@ -29,30 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, build_model, machine, median, nanoverl_config, nanoverl_trainer, tmpdir  # noqa: E402
-
-GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOL_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                  num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                  tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0)
-"""HuggingFaceTB/SmolLM2-135M's config.json, used only when the GGUF file is not in models/."""
-
-
-def smollm2_folder(out: Path) -> tuple[Path, str]:
-    """A config-only folder of SmolLM2-135M's architecture with a small stand-in tokenizer."""
-    from transformers import AutoConfig, LlamaConfig
-
-    from nanoverl_hf.tiny import build_tokenizer
-
-    if GGUF.is_file():
-        config, source = AutoConfig.from_pretrained(GGUF.parent, gguf_file=GGUF.name), f"architecture of {GGUF.name}"
-    else:
-        config, source = LlamaConfig(**SMOL_SHAPE), "HuggingFaceTB/SmolLM2-135M's published config"
-    out.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(out)
-    tokenizer = build_tokenizer("0123456789=")
-    tokenizer.save_pretrained(out)
-    return out, source + ", random weights"
+from common import (build_model, machine, median, nanoverl_config, nanoverl_trainer, smollm2_folder,  # noqa: E402
+                    tmpdir)
 
 
 def _mb(tensors) -> float:

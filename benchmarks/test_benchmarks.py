@@ -25,10 +25,10 @@ def run(script: str, *args: str) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.splitlines()]
 
 
-def test_gpu_check_smoke_runs_both_paths_on_cpu():
+def test_gpu_check_smoke_runs_every_path_on_cpu():
     *paths, final = run("gpu_check.py", "--smoke")
     assert final["gpu_check"] == "ok" and final["full_shape_parameters"] == 494_032_768   # Qwen2.5-0.5B's shape
-    assert [p["path"] for p in paths] == ["hf", "fsdp"]
+    assert [p["path"] for p in paths] == ["hf", "fsdp", "fsdp_vllm"]     # fsdp_vllm: skipped without vLLM
     for result in paths:
         if "skipped" in result:
             continue
@@ -62,6 +62,18 @@ def test_memory_stays_flat_with_micro_batches():
                          "--steps", "1", "--no-contrast")
     assert [r["rows"] for r in rows] == [16, 64]
     assert summary["micro_8"]["step_peak_growth"] <= 1.10 and summary["flat"]
+
+
+def test_update_memory_reports_both_paths_at_both_response_lengths_under_one_budget():
+    *rows, timing, summary = run("memory_flat.py", "--update", "--model", "tiny", "--response-lengths", "4", "8",
+                                 "--prompt-length", "4", "--rows", "4", "--budget", "32", "--repeats", "1")
+    assert [(r["response_length"], r["chunked_head"]) for r in rows] == [(4, True), (4, False), (8, True), (8, False)]
+    assert [r["micro_batches"] for r in rows] == [1, 1, 2, 2]                 # 4 x 8 tokens, then 2 x 12 per pass
+    assert all(r["update_peak_rss_mb"] >= r["rss_before_update_mb"] > 0 and r["head_extra_mb"] >= 0 for r in rows)
+    assert [r["head_positions"] for r in rows] == [16, 16, 16, 16]           # 4 rows x 4, 2 rows x 8
+    assert len(timing["chunked_wall_s_all"]) == len(timing["plain_wall_s_all"]) == 1
+    assert summary["chunked"]["update_peak_growth"] > 0 and summary["time"]["ratio_cpu_chunked_over_plain"] > 0
+    assert isinstance(summary["target_met"], bool)
 
 
 def test_reward_pool_scores_in_process_and_in_pools():

@@ -211,6 +211,9 @@ class ActorConfig(OptimConfig):
     takes the k2 gradient (straight-through)."""
     log_ratio_clamp: float = 20.0
     """The log-ratio is clamped to +-this before exp so the ratio cannot overflow."""
+    logits_chunk_size: int = 1024
+    """Response positions per chunk through the LM head: log-probs and entropy from the hidden states, never
+    the whole (positions, vocabulary) logits (transformers models with a linear head); 0 = the full logits."""
     settings: Any = _settings()
     """The selected policy loss's own settings, written as [actor.<policy_loss>]."""
 
@@ -425,6 +428,7 @@ class Config:
                   "actor.lr": a.lr, "critic.lr": c.lr, "rollout.temperature": r.temperature,
                   "rollout.val_temperature": r.val_temperature, "reward.timeout_s": self.reward.timeout_s,
                   "trainer.num_threads": t.num_threads, "actor.max_tokens_per_micro_batch": a.max_tokens_per_micro_batch,
+                  "actor.logits_chunk_size": a.logits_chunk_size,
                   "critic.max_tokens_per_micro_batch": c.max_tokens_per_micro_batch}
         for key, value in nonneg.items():
             if value < 0:

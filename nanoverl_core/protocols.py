@@ -81,7 +81,9 @@ class Rollout(Protocol):
         `prompt_mask` left-padded (B, P)), rows in the same order: `responses` and `response_mask`
         (B, R) right-padded, the mask covering tokens up to and including EOS (build them with
         `nanoverl_core.responses_to_batch`), optionally `rollout_log_probs` (B, R). Sampling seeds
-        come from torch's global generator; a greedy call draws nothing from it."""
+        come from torch's global generator; a greedy call draws nothing from it. Under torchrun a
+        sampled batch also holds `sample_seed` (B,) int64, the same for a row on any number of ranks
+        (`trainer.dist.shard_rollout`); an engine that seeds each request should use it."""
 
     def sync_weights(self, actor: Actor) -> None:
         """Make the next `generate` use the actor's current weights (`actor.full_tensors()`)."""

@@ -1,6 +1,6 @@
 """Contract checks for backend authors: call them from your plugin's tests.
 
-    from nanoverl_core.testing import check_actor, check_rollout, prompt_batch
+    from nanoverl_core.testing import check_actor, check_rollout, check_same_run, prompt_batch
 
     batch = prompt_batch(workers.tokenizer, ["12=", "345="], n=2)
     batch.update(check_rollout(rollout, batch, max_new_tokens=4))    # returns one sampled output
@@ -13,6 +13,10 @@ The core's tests run them on the debug backends, each first-party plugin's tests
 """
 
 from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
 
 import torch
 
@@ -109,3 +113,33 @@ def check_actor(actor: Actor, batch: RLBatch) -> None:
         local = state[name]
         shape = local.full_tensor().shape if hasattr(local, "full_tensor") else local.shape
         assert tensor.shape == shape and not hasattr(tensor, "full_tensor"), f"{name}: full_tensors must be unsharded"
+
+
+def check_same_run(reference: Path, other: Path, *, atol: float = 1e-5, rtol: float = 1e-5) -> int:
+    """Two run directories of one config on different backends or rank counts (one process and 2
+    torchrun ranks, say) logged the same run: the same steps, every step's metrics within atol + rtol
+    (timing/ and throughput/ aside; a step logged twice, before a kill and after the resume, counts
+    its last line), and the same (prompt, response) rows in rollouts/. Returns the values compared."""
+    def steps(run: Path) -> dict[int, dict]:
+        return {row["step"]: row for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+    def rows(run: Path, step: int) -> list[tuple[str, str]]:
+        lines = (run / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
+        return [(row["prompt"], row["response"]) for row in map(json.loads, lines)]
+
+    def compared_keys(row: dict) -> set[str]:
+        return {k for k in row if k != "step" and not k.startswith(("timing/", "throughput/"))}
+
+    want, got = steps(reference), steps(other)
+    assert sorted(want) == sorted(got), f"steps {sorted(want)} vs {sorted(got)}"
+    compared = 0
+    for step, metrics in want.items():
+        keys = compared_keys(metrics)
+        assert keys == compared_keys(got[step]), f"step {step}: keys {sorted(keys ^ compared_keys(got[step]))}"
+        for key in keys:
+            assert math.isclose(got[step][key], metrics[key], abs_tol=atol, rel_tol=rtol), \
+                f"step {step} {key}: {got[step][key]} vs {metrics[key]}"
+            compared += 1
+        if (reference / "rollouts" / f"step_{step}.jsonl").is_file():
+            assert rows(other, step) == rows(reference, step), f"step {step}: different samples"
+    return compared

@@ -7,7 +7,9 @@ updates the same way. A backend may subclass them (FSDP overrides the data-paral
 parts).
 
 Module conventions (Hugging Face style): ``module(input_ids=, attention_mask=, position_ids=)``
-returns an object with ``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` for a value model.
+returns an object with ``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` for a value model. A
+policy whose ``get_output_embeddings()`` is an ``nn.Linear`` gets its response log-probs through that
+head a chunk of positions at a time instead (``actor.logits_chunk_size``, nanoverl_core/lm_head.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .algos.losses import PolicyLoss
 from .batch import RLBatch
 from .config import Config, OptimConfig
 from .errors import CheckpointMismatch, ConfigError, UserError
+from .lm_head import ChunkedHead
 from .protocols import Actor, Critic
 
 
@@ -297,20 +300,31 @@ class TorchActor(_TorchWorker):
         # transformers models can run the LM head on the last positions only: the prompt's logits
         # (B, P, V) are never needed, and at a real vocabulary they are most of the head's cost
         self.keeps_logits = "logits_to_keep" in inspect.signature(module.forward).parameters
+        # and the response positions' (B, R', V) logits need not exist at once either (actor.logits_chunk_size);
+        # None: the module has no plain linear head (or chunking is off), the full logits are used
+        self.chunked_head = ChunkedHead.of(module, config.actor.logits_chunk_size)
 
     def forward(self, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy."""
         # trimmed on the host, then only the model's inputs travel to the device (once)
         ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
-        keep = {"logits_to_keep": width + 1} if self.keeps_logits else {}
-        logits = self.module(input_ids=ids, attention_mask=mask, position_ids=pos, **keep).logits
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos,
+                  **({"logits_to_keep": width + 1} if self.keeps_logits else {})}
+        responses = ids[:, -width:]                                           # (B, R')
+        full = batch["responses"].shape[1]
+        if self.chunked_head is not None:
+            valid = batch["response_mask"][:, :width].to(self.device).bool()
+            scores = self.chunked_head(self.module, inputs, responses, valid, self.temperature, with_entropy)
+            if scores is not None:
+                log_probs, entropy = scores
+                return _pad_right(log_probs, full), (_pad_right(entropy, full) if entropy is not None else None)
+            self.chunked_head = None          # this model's head cannot be split off: full logits from now on
+        logits = self.module(**inputs).logits
         logits = logits[:, -width - 1:-1].float()  # (B, R', V): logits predicting each response token
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        responses = ids[:, -width:]
         log_probs = logprobs_from_logits(logits, responses)
         entropy = entropy_from_logits(logits) if with_entropy else None
-        full = batch["responses"].shape[1]
         return _pad_right(log_probs, full), (_pad_right(entropy, full) if entropy is not None else None)
 
     @torch.no_grad()

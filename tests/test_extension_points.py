@@ -17,7 +17,7 @@ from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.builtins.debug import make_rollout, make_workers
 from nanoverl_core.builtins.debug_settings import DebugModelSettings, DebugRolloutSettings
 from nanoverl_core.errors import ConfigError
-from nanoverl_core.testing import check_actor, check_rollout, prompt_batch
+from nanoverl_core.testing import check_actor, check_rollout, check_same_run, prompt_batch
 
 PPO = EXAMPLES / "debug_ppo.toml"
 REINFORCE = EXAMPLES / "debug_reinforce.toml"
@@ -198,6 +198,25 @@ def test_a_broken_rollout_fails_the_contract_check_by_rule():
 
     with pytest.raises(AssertionError, match="seeded from torch's global generator"):
         check_rollout(Unseeded(), prompt_batch(workers.tokenizer, ["12=", "345="], n=4), max_new_tokens=4)
+
+
+def test_check_same_run_compares_every_metric_and_sample_of_two_run_directories(tmp_path):
+    def write(run, metrics, response="12"):
+        (run / "rollouts").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **m}) + "\n" for s, m in metrics.items()))
+        for step in metrics:
+            (run / "rollouts" / f"step_{step}.jsonl").write_text(json.dumps({"prompt": "12=", "response": response}))
+
+    base = {1: {"reward/mean": 0.5, "timing/step": 1.0}, 2: {"reward/mean": 0.6, "timing/step": 1.0}}
+    write(tmp_path / "a", base)
+    write(tmp_path / "b", {1: {**base[1], "timing/step": 9.0}, 2: {**base[2], "reward/mean": 0.6 + 1e-7}})
+    assert check_same_run(tmp_path / "a", tmp_path / "b") == 2            # timings differ: not compared
+    write(tmp_path / "c", {1: base[1], 2: {**base[2], "reward/mean": 0.61}})
+    with pytest.raises(AssertionError, match="step 2 reward/mean"):
+        check_same_run(tmp_path / "a", tmp_path / "c")
+    write(tmp_path / "d", base, response="13")
+    with pytest.raises(AssertionError, match="step 1: different samples"):
+        check_same_run(tmp_path / "a", tmp_path / "d")
 
 
 def test_the_trainer_closes_the_rollout_even_when_a_step_fails(tmp_path, monkeypatch):

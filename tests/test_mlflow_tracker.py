@@ -153,6 +153,11 @@ def test_local_store_records_every_step_params_tags_and_config(tmp_path, capsys)
     assert history(client, run.info.run_id, "reward/mean") == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert history(client, run.info.run_id, "val/reward/mean") == [(3, 0.75)]
     assert history(client, run.info.run_id, "reward/acc_1") == [(1, 1.0), (2, 1.0), (3, 1.0)]  # '@' is rejected
+    # the headline copies, MLflow only: the first section of the UI's charts (test_mlflow_ui.py)
+    assert history(client, run.info.run_id, "_headline/reward_mean") == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert history(client, run.info.run_id, "_headline/val_reward_mean") == [(3, 0.75)]
+    assert set(run.data.metrics) == {"reward/mean", "actor/pg_loss", "timing/step", "reward/acc_1",
+                                     "val/reward/mean", "_headline/reward_mean", "_headline/val_reward_mean"}
 
     params = run.data.params
     assert params["actor.lr"] == "1e-06" and params["trainer.total_steps"] == "100"
@@ -234,6 +239,7 @@ def test_resume_continues_the_run_and_logs_each_step_once(tmp_path, capsys, empt
     run_id = state["run_id"]
     assert [r.info.run_id for r in client.search_runs([client.get_run(run_id).info.experiment_id])] == [run_id]
     assert history(client, run_id, "reward/mean") == [(s, s / 10) for s in range(1, 9)]
+    assert history(client, run_id, "_headline/reward_mean") == [(s, s / 10) for s in range(1, 9)]
     assert history(client, run_id, "actor/pg_loss") == [(s, -s / 100) for s in range(1, 9)]
     # replayed steps keep their first-logged value; later steps come from the resumed process
     assert history(client, run_id, "timing/step") == [(s, 0.5 + s + (100 if s > 6 else 0)) for s in range(1, 9)]

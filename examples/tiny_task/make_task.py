@@ -6,6 +6,8 @@ Writes
   examples/data/tiny_copy/{train,val}.jsonl   rows {"prompt": "4831=", "target": "4831", "data_source": "tiny_copy"}
   examples/tiny_task/model/                   a Llama config.json + character tokenizer, no weights:
                                               the hf worker draws random weights from trainer.seed
+  examples/tiny_task/model_vllm/              the same with two heads of 32 instead of four of 16 (same
+                                              parameter count): vLLM's CPU attention has no head_dim 16
 
 The policy must answer a prompt "dddd=" with the same four digits and then EOS. The reward is the
 core's built-in `char_match`: the fraction of positions that match the target, over the longer of the
@@ -40,6 +42,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=str(ROOT / "examples/data/tiny_copy"))
     parser.add_argument("--model-dir", default=str(ROOT / "examples/tiny_task/model"))
+    parser.add_argument("--vllm-model-dir", default=str(ROOT / "examples/tiny_task/model_vllm"))
     args = parser.parse_args()
 
     rng = random.Random(args.seed)
@@ -47,8 +50,10 @@ def main() -> None:
     write_rows(Path(args.data_dir) / "train.jsonl", strings[:args.train])
     write_rows(Path(args.data_dir) / "val.jsonl", strings[args.train:])
     model = build_tiny_model(args.model_dir, alphabet="0123456789=")
+    vllm_model = build_tiny_model(args.vllm_model_dir, alphabet="0123456789=", heads=2)
     print(f"wrote {args.train} train / {args.val} val prompts to {args.data_dir}")
-    print(f"wrote {model} ({num_parameters(model):,} parameters, random weights drawn at load time)")
+    for folder in (model, vllm_model):
+        print(f"wrote {folder} ({num_parameters(folder):,} parameters, random weights drawn at load time)")
 
 
 if __name__ == "__main__":

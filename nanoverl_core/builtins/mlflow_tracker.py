@@ -9,7 +9,9 @@ What lands where (docs/mlflow.md has the user's view):
 - params: the resolved config flattened to dotted keys (``actor.lr``); tags: plugin versions,
   ``nanoverl.run_dir``, ``nanoverl.checkpoint_dir``; artifacts: ``config.json`` and
   ``samples/<name>_step_<N>.json`` tables;
-- metrics: one ``log_batch`` per trainer step, at ``step``.
+- metrics: one ``log_batch`` per trainer step, at ``step``; ``reward/mean`` and ``val/reward/mean`` are
+  also logged as ``_headline/reward_mean`` and ``_headline/val_reward_mean``, the UI's first charts
+  (HEADLINE_METRICS says why).
 
 Resume policy: the trainer resumes from its newest checkpoint and replays the steps after it, some of
 which the killed process may already have logged. MLflow's metric history is append-only, so on resume
@@ -62,6 +64,14 @@ def make_tracker(config: Config, run_dir: Path, state: dict | None) -> MlflowTra
 
 EXPERIMENT_KIND = "mlflow.experimentKind"
 """The experiment tag MLflow 3's UI reads to pick the experiment's view (training or GenAI)."""
+
+HEADLINE_METRICS = {"reward/mean": "_headline/reward_mean", "val/reward/mean": "_headline/val_reward_mean"}
+"""Metrics also logged, in MLflow only, under a second key, so that they are the first charts in the UI.
+MLflow's run page and the experiment's chart view put a key's charts in the section named by its prefix
+(everything before the last '/'), order the sections by name and put unprefixed keys ("Model metrics")
+last (MLflow 3.17). No tag changes that, and a layout the user arranges is kept in their browser only.
+"_" sorts before the trainer's lowercase prefixes, so the "_headline" section comes first, holding the
+training reward and the held-out reward. metrics.jsonl and the original MLflow keys stay as they are."""
 
 
 class MlflowTracker:
@@ -188,8 +198,9 @@ class MlflowTracker:
                 value = float(value)
             except (TypeError, ValueError):
                 continue  # not a number: metrics.jsonl has it
-            if step > self._logged_before.get(key, -1):
-                batch.append(Metric(key, value, now, step))
+            for name in (key, HEADLINE_METRICS.get(key)):
+                if name and step > self._logged_before.get(name, -1):
+                    batch.append(Metric(name, value, now, step))
         if batch:
             self._pending.append((step, batch))
         if len(self._pending) > self.max_pending_steps:  # a long outage: the oldest steps live in metrics.jsonl only

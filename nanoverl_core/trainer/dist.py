@@ -101,16 +101,22 @@ def close_distributed() -> None:
         dist.destroy_process_group()
 
 
-def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...]):
+def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...], row_seeds: bool = False):
     """`generate(rows) -> RLBatch` run on this rank's contiguous share of `batch`; returns all rows.
 
     One process: plain `generate(batch)`. Under torchrun, rank r samples its `rank_rows` (the last
     ranks pad with copies of the last row, dropped again, so an engine never sees an empty batch),
     under a torch RNG forked and seeded from (*seed, rank); the trainer passes (trainer.seed, step).
-    So ranks draw independent
-    samples, and the trainer's own RNG stream stays the same on every rank, which keeps rank 0's
-    checkpointed RNG state valid for all ranks (exact resume). The per-rank outputs are gathered and
-    right-padded to one width (`responses` with pad_token_id, other 2-D columns with 0), in row order.
+    So ranks draw independent samples, and the trainer's own RNG stream stays the same on every rank,
+    which keeps rank 0's checkpointed RNG state valid for all ranks (exact resume).
+
+    `row_seeds` (a sampled, not greedy, call): the batch also gets `sample_seed` (B,) int64, one draw
+    from torch's global generator plus each row's index in the whole batch, the seeds a rollout that
+    seeds every request itself (vLLM) draws in one process. Such a rollout then samples the same
+    tokens for every row on any number of ranks.
+
+    The per-rank outputs are gathered and right-padded to one width (`responses` with pad_token_id,
+    other 2-D columns with 0), in row order.
     """
     if not is_distributed():
         return generate(batch)
@@ -119,6 +125,8 @@ def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...]):
 
     from ..batch import RLBatch
 
+    if row_seeds:
+        batch["sample_seed"] = int(torch.randint(0, 2**31, ())) + torch.arange(len(batch))
     rows, real = rank_rows(len(batch))
     with fork_rng():
         torch.manual_seed(hash((*seed, rank())) & 0x7FFF_FFFF_FFFF_FFFF)  # int tuples hash alike in every process

@@ -185,7 +185,8 @@ class Trainer:
     def generate(self, batch: RLBatch) -> RLBatch:
         """Responses for every row. Under torchrun each rank samples its share of the rows and every
         rank gets all of them back (dist.shard_rollout), so the steps after the rollout see the whole batch."""
-        return shard_rollout(lambda rows: self.rollout.generate(rows, self.sampling()), batch,
+        params = self.sampling()
+        return shard_rollout(lambda rows: self.rollout.generate(rows, params), batch, row_seeds=not params.greedy,
                              pad_token_id=self.tokenizer.pad_token_id, seed=(self.config.trainer.seed, self.step))
 
     def sampling(self, validation: bool = False) -> SamplingParams:

@@ -146,6 +146,45 @@ def test_full_tensors_are_the_merged_weights_and_leave_the_module_bit_identical(
 
 
 @needs_peft
+@pytest.mark.parametrize("targets", [[], [EMBEDDING]], ids=["all-linear", "embedding"])
+def test_chunked_log_probs_give_the_full_logits_lora_update(tiny_dir, make_config, targets):
+    """actor.logits_chunk_size through peft: the head is hooked inside peft's forward, so the adapter trains
+    as with the full logits and the reference (adapter disabled) is the base model's. With an adapted
+    embedding the tied head is a LoRA layer itself: not a plain linear head, so the full logits are used."""
+    from nanoverl_hf.workers import make_workers
+
+    runs = []
+    for chunk in (0, 2):
+        workers = make_workers(make_config(tiny_dir, *LORA, *targets, "reference.enable=true", "actor.lr=1e-3",
+                                           "actor.entropy_coeff=0.05", "rollout.temperature=0.7", "data.batch_size=3",
+                                           f"actor.logits_chunk_size={chunk}"))
+        chunked = chunk > 0 and not targets
+        assert (workers.actor.chunked_head is not None) == chunked == (workers.reference.chunked_head is not None)
+        grads, step = [], workers.actor.clip_and_step
+
+        def recording(nonfinite, actor=workers.actor, step=step, grads=grads):
+            grads.append({n: p.grad.clone() for n, p in actor.module.named_parameters() if p.grad is not None})
+            return step(nonfinite)
+        workers.actor.clip_and_step = recording
+        update(workers, steps=2)
+        batch = batch_of(workers.tokenizer)
+        trained = {n: p.detach().clone() for n, p in workers.actor.module.named_parameters() if p.requires_grad}
+        runs.append((workers.actor.compute_log_probs(batch), workers.reference.compute_log_probs(batch), grads, trained))
+    (lp0, ref0, grads0, params0), (lp1, ref1, grads1, params1) = runs
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ref1, ref0, rtol=0, atol=1e-6)
+    assert (lp0 - ref0).abs().max() > 1e-3                                # the adapter moved the policy
+    for g0, g1 in zip(grads0, grads1, strict=True):
+        assert g0.keys() == g1.keys() and all(".lora_" in n for n in g0)
+        for name in g0:
+            torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-7, msg=name)
+    for name in params0:
+        # lora_A's first non-zero gradient comes in step 2 (B starts at 0), and Adam's first step on an element,
+        # lr * g / (|g| + eps), turns 1e-7 relative rounding on its smallest gradients into ~2e-6
+        torch.testing.assert_close(params1[name], params0[name], rtol=0, atol=3e-6, msg=name)
+
+
+@needs_peft
 def test_the_hf_rollout_generates_with_the_adapter(tiny_dir, make_config):
     from nanoverl_core import SamplingParams
     from nanoverl_hf.rollout import HFRollout

@@ -1,5 +1,7 @@
 """With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core is a separate process that tensors cannot
-reach, so the rollout saves the weights and has the engine reload them from disk. Run in a child
+reach, so the rollout saves the weights and has the engine reload them from disk. That process can
+also die on its own (SIGKILLed here): the rollout restarts it from the actor's weights once, and a
+second failure in a row stops the run with a message. Run in a child
 process: vLLM spawns its engine core there, which needs a guarded __main__."""
 
 from __future__ import annotations
@@ -45,8 +47,38 @@ def main():
         want = HFRollout(cfg, workers).generate(batch, greedy)["responses"]
         assert torch.equal(got, want), (step, got.tolist(), want.tolist())
     assert rollout.restarts == 0
-    rollout.close()
     print("OK", len(set(map(tuple, got.tolist()))))
+
+    # the engine core dies between two generate calls: the next one restarts it from the actor's weights
+    kill_engine_core(rollout)
+    assert torch.equal(rollout.generate(batch, greedy)["responses"], want) and rollout.restarts == 1
+    print("RESTARTED", rollout.restarts)
+
+    # it dies again and so does the restarted engine: the run stops, saying so
+    restart = rollout.restart
+    def restart_and_crash(actor):
+        restart(actor)
+        kill_engine_core(rollout)
+    rollout.restart = restart_and_crash
+    kill_engine_core(rollout)
+    try:
+        rollout.generate(batch, greedy)
+    except RuntimeError as exc:
+        print("STOPPED", exc)
+    rollout.close()
+
+def kill_engine_core(rollout):
+    # SIGKILL this process's vLLM engine-core child (its process title starts with VLLM::EngineCore)
+    import os, signal, time
+    me = os.getpid()
+    for pid in open(f"/proc/{{me}}/task/{{me}}/children").read().split():
+        if open(f"/proc/{{pid}}/cmdline", "rb").read().startswith(b"VLLM::EngineCore"):
+            os.kill(int(pid), signal.SIGKILL)
+            # vLLM's monitor thread notices and marks the engine dead (what the rollout checks before a call)
+            while not rollout.llm.llm_engine.engine_core.resources.engine_dead:
+                time.sleep(0.01)
+            return
+    raise AssertionError("no engine-core child process")
 
 if __name__ == "__main__":
     main()
@@ -62,5 +94,9 @@ def test_weights_reach_an_engine_in_another_process_through_disk(tmp_path, tiny_
            "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("OK") and int(last.split()[1]) >= 3              # varied answers
+    lines = result.stdout.strip().splitlines()
+    ok = next(line for line in lines if line.startswith("OK"))
+    assert int(ok.split()[1]) >= 3                                           # varied answers
+    assert "RESTARTED 1" in lines                                            # a dead engine core is replaced
+    stopped = next(line for line in lines if line.startswith("STOPPED"))     # twice in a row stops the run
+    assert "failed again after a restart" in stopped and "newest checkpoint is intact" in stopped

@@ -126,6 +126,10 @@ class AdapterDisabled(torch.nn.Module):
     def config(self):
         return self.peft_model.get_base_model().config
 
+    def get_output_embeddings(self):
+        """The peft model's head: the core's chunked log-probs hook it, inside this forward (adapter disabled)."""
+        return self.peft_model.get_output_embeddings()
+
     def forward(self, *args, **kwargs):
         with self.peft_model.disable_adapter():
             return self.peft_model(*args, **kwargs)

@@ -67,8 +67,8 @@ _check_version(vllm.__version__)
 log = logging.getLogger("nanoverl_vllm")
 
 __all__ = ["LLM", "VLLMSamplingParams", "TokensPrompt", "current_platform", "in_process", "sleep_supported",
-           "write_engine_folder", "engine_kwargs", "start_engine", "stop_engine", "push_weights",
-           "save_weights"]
+           "write_engine_folder", "engine_kwargs", "start_engine", "own_rng", "ensure_alive", "stop_engine",
+           "push_weights", "save_weights"]
 
 
 def in_process() -> bool:
@@ -228,14 +228,28 @@ def start_engine(kwargs: dict[str, Any]) -> LLM:
 
     _quiet_logs()
     set_num_threads, py_state, np_state = torch.set_num_threads, random.getstate(), np.random.get_state()
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices):
+        with own_rng():
             return LLM(**kwargs)
     finally:
         torch.set_num_threads = set_num_threads
         random.setstate(py_state)
         np.random.set_state(np_state)
+
+
+def own_rng():
+    """torch's generators (CPU and every CUDA device) forked: what vLLM draws from them inside (its CPU
+    sampler draws a seed per running request at every decode step, however the request is seeded)
+    depends on its batching, so it must not advance the trainer's random stream."""
+    return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else [])
+
+
+def ensure_alive(llm: LLM) -> None:
+    """Raise vLLM's EngineDeadError if the engine core runs in its own process and that process died.
+    vLLM 0.32's synchronous client does not: a request sent to a dead engine core waits forever."""
+    check = getattr(llm.llm_engine.engine_core, "ensure_alive", None)   # the in-process client has none
+    if check is not None:
+        check()
 
 
 def stop_engine(llm: LLM | None, owns_distributed: bool) -> None:

@@ -17,12 +17,16 @@ Sampling follows `SamplingParams` only (the checkpoint's generation_config.json 
 sampled row gets its own vLLM seed, `base + row` with `base` drawn from torch's global generator
 (seeded by `trainer.seed`), so a run is reproducible and rows that share a prompt still get different
 samples; greedy calls (validation) draw nothing, so validating does not shift the training samples.
+Under torchrun the trainer draws those same seeds for the whole step batch (`sample_seed`), so each
+rank's engine samples its rows exactly as one process would: a run samples the same tokens on any
+number of ranks (up to the engine's float differences between batch shapes).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -158,7 +162,10 @@ class VLLMRollout:
         """
         start = time.perf_counter()
         self.actor = actor
+        stream = None if self.adapter_mode else iter(weights if weights is not None else actor.full_tensors())
+        failed = False
         try:
+            engine.ensure_alive(self.llm)
             if self.adapter_mode:                             # the base stays; only the adapter is swapped
                 if self.asleep:
                     self.llm.wake_up()                        # level-1 sleep kept the base weights in host memory
@@ -167,16 +174,65 @@ class VLLMRollout:
             else:
                 if self.asleep:
                     self.llm.wake_up(tags=["weights"])        # allocate the weight memory back (contents are stale)
-                engine.push_weights(self.llm, weights if weights is not None else actor.full_tensors(),
-                                    self.folder)
+                engine.push_weights(self.llm, stream, self.folder)
                 if self.asleep:
                     self.llm.wake_up(tags=["kv_cache"])
                     self.asleep = False
         except Exception as exc:
             log.warning("vLLM weight sync failed (%s: %s); restarting the engine from the actor's current weights",
                         type(exc).__name__, exc)
-            self.restart(actor)
+            failed = True
+            _drain(stream or ())                              # the other ranks' gathers go on to the last tensor
+        self._recover(actor, failed)
         self.last_sync_s = time.perf_counter() - start
+
+    def _recover(self, actor, failed: bool) -> None:
+        """Restart this rank's engine from the actor's current weights if `failed`.
+
+        Under torchrun (an FSDP actor) those weights are gathered from every rank's shards, so the
+        ranks first agree whether any engine failed, and those whose engine is fine take part in the
+        same gathers (and drop what they yield). One process: a plain restart."""
+        if not _any_rank(failed):
+            return
+        if failed:
+            self.restart(actor)
+            return
+        _drain(self._engine_weights(actor))
+        if self.adapter_mode:
+            shutil.rmtree(actor.save_adapter(self.folder / "adapter-recovery"), ignore_errors=True)
+
+    def _generate(self, requests, sampling):
+        """llm.generate, and once more after restarting the engine from the actor's weights if it failed
+        (a separate engine-core process that died, say); a second failure stops the run."""
+        def attempt():
+            try:
+                engine.ensure_alive(self.llm)
+                with engine.own_rng():                         # every request carries its own seed
+                    return self.llm.generate(requests, sampling, use_tqdm=False,        # same order as requests
+                                             lora_request=self.lora_request), None
+            except Exception as exc:
+                log.warning("vLLM generate failed (%s: %s)", type(exc).__name__, exc)
+                return None, exc
+
+        outputs, error = attempt()
+        self._recover(self.actor, error is not None)          # every rank calls it: under torchrun a collective
+        if error is not None:
+            outputs, error = attempt()
+        if error is not None:
+            raise RuntimeError(f"the vLLM engine failed again after a restart ({type(error).__name__}: {error}); "
+                               "the run stops here, its newest checkpoint is intact: rerun the same command to "
+                               "resume") from error
+        return outputs
+
+    @staticmethod
+    def _seeds(batch: RLBatch, params: SamplingParams) -> list[int]:
+        """One vLLM seed per row: `base + row`, base drawn from torch's global generator (greedy draws
+        none); under torchrun the trainer's `sample_seed` column, the same numbers for the whole batch."""
+        if params.greedy:
+            return [0] * len(batch)
+        if "sample_seed" in batch:
+            return batch["sample_seed"].tolist()
+        return (int(torch.randint(0, 2**31, ())) + torch.arange(len(batch))).tolist()
 
     # ---- generation --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -186,11 +242,9 @@ class VLLMRollout:
             self.sync_weights(self.actor)
         prompts, prompt_mask = batch["prompts"], batch["prompt_mask"].bool()            # (B, P), left-padded
         requests = [TokensPrompt(prompt_token_ids=row[mask].tolist()) for row, mask in zip(prompts, prompt_mask)]
-        base_seed = 0 if params.greedy else int(torch.randint(0, 2**31, ()))   # global torch RNG; greedy draws none
-        sampling = [to_vllm_params(params, stop_token_ids=self.eos_token_ids, seed=base_seed + row,
-                                   log_probs=self.log_probs) for row in range(len(requests))]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False,                 # same order as requests
-                                    lora_request=self.lora_request)
+        sampling = [to_vllm_params(params, stop_token_ids=self.eos_token_ids, seed=seed, log_probs=self.log_probs)
+                    for seed in self._seeds(batch, params)]
+        outputs = self._generate(requests, sampling)
         completions = [out.outputs[0] for out in outputs]
         responses = [list(c.token_ids) for c in completions]
         log_probs = None
@@ -202,6 +256,22 @@ class VLLMRollout:
             self.asleep = True
         return responses_to_batch(responses, eos_token_id=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
                                   max_new_tokens=params.max_new_tokens, log_probs=log_probs)
+
+
+def _drain(tensors: Iterable) -> None:
+    """Consume what is left of a weight stream: under torchrun each tensor is a gather every rank joins."""
+    for _ in tensors:
+        pass
+
+
+def _any_rank(flag: bool) -> bool:
+    """`flag` on any rank (an all-reduce under torchrun; the flag itself in one process, where the only
+    process group may be vLLM's own)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not torch.distributed.is_initialized():
+        return flag
+    value = torch.tensor(float(flag))
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value)
 
 
 def make_rollout(config: Config, workers) -> VLLMRollout:
