@@ -45,7 +45,7 @@ from nanoverl_core.algos import loss_totals
 from nanoverl_core.config import Config
 from nanoverl_core.errors import CheckpointMismatch
 from nanoverl_core.workers import checkpoint_fits, load_tensors, resolve_device, save_tensors
-from nanoverl_hf.models import DTYPES, build_modules, resolve_source
+from nanoverl_hf.models import DTYPES, build_modules, check_model_source, resolve_source
 
 from . import parallel
 from .export import MODEL_FILE, SHARDS, export_checkpoint
@@ -265,7 +265,7 @@ def make_workers(config: Config) -> Workers:
 
 make_workers.export_checkpoint = export_checkpoint  # what `nanoverl-train export` calls for this worker
 make_workers.supports_lora = True                   # [model.lora], as the hf worker (nanoverl_hf.lora)
-make_workers.check_config = lambda config: resolve_source(config.model)  # model.path, gguf: before any write
+make_workers.check_config = check_model_source     # model.path, gguf: before any write
 
 
 def _lora_workers(config: Config, device: torch.device, tokenizer, policy, critic) -> Workers:

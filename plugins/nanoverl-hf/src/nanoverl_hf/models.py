@@ -72,6 +72,12 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
     return ModelSource(path, has_weights=has_weights)
 
 
+def check_model_source(config: Config) -> None:
+    """`make_workers.check_config` of the workers built from these models (hf, fsdp): `model.path` (and the
+    gguf package for a .gguf file) checked before the run directory is written or a model loads."""
+    resolve_source(config.model)
+
+
 def load_tokenizer(cfg: ModelConfig, source: ModelSource):
     from transformers import AutoTokenizer
 

@@ -13,7 +13,7 @@ from nanoverl_core.config import Config
 from nanoverl_core.workers import resolve_device
 
 from .export import export_checkpoint
-from .models import build_modules, resolve_source
+from .models import build_modules, check_model_source, resolve_source
 
 
 def make_workers(config: Config) -> Workers:
@@ -36,4 +36,4 @@ def make_workers(config: Config) -> Workers:
 
 make_workers.export_checkpoint = export_checkpoint  # what `nanoverl-train export` calls for this worker
 make_workers.supports_lora = True                   # [model.lora]: nanoverl_hf.lora
-make_workers.check_config = lambda config: resolve_source(config.model)  # model.path, gguf: before any write
+make_workers.check_config = check_model_source     # model.path, gguf: before any write
