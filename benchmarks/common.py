@@ -18,6 +18,14 @@ Every benchmark builds its models locally (no downloads) into a temporary folder
 Weights are drawn once from seed 0 and saved as safetensors, so every contender loads the same files.
 `smollm2_folder` writes SmolLM2-135M's architecture (49,152-token vocabulary) as a config-only folder
 instead (random weights from trainer.seed; `lora.py` and `memory_flat.py --update` use it).
+
+  smollm2
+         the real SmolLM2-135M-Instruct (models/SmolLM2-135M-Instruct.Q4_1.gguf, fetched by
+         plugins/nanoverl-hf/scripts/fetch_smollm2.sh): its weights de-quantized to fp32 and its tokenizer,
+         saved as a plain folder, on the arithmetic prompts of examples/data/arithmetic through its chat
+         template, scored by examples/arithmetic/reward.py. 134,515,008 parameters, 21% of them in the
+         tied 49,152 x 576 embedding. EOS is moved to `<empty_output>`, a special token the model never
+         samples, so every response runs to max_new_tokens and both contenders do exactly the same work.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ MODELS: dict[str, dict[str, Any]] = {   # build_tiny_model arguments
 
 
 GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+ARITHMETIC_DATA = ROOT / "examples/data/arithmetic/train.jsonl"
+SMOLLM2_CONFIG = "examples/configs/smollm2_arithmetic.toml"
+NEVER_SAMPLED = "<empty_output>"   # SmolLM2's special token 16: the EOS of the fixed-length workload
 SMOL_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                   num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                   tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0)
@@ -74,6 +85,24 @@ def smollm2_folder(out: Path) -> tuple[Path, str]:
     tokenizer = build_tokenizer("0123456789=")
     tokenizer.save_pretrained(out)
     return out, source + ", random weights"
+
+
+def smollm2_model(out: Path) -> Path:
+    """The real SmolLM2-135M-Instruct as a plain fp32 folder whose EOS is never sampled (see above)."""
+    from nanoverl_core import load_config
+    from nanoverl_hf.models import load_policy, load_tokenizer, resolve_source
+
+    if not GGUF.is_file():
+        raise SystemExit(f"error: {GGUF} is missing; fetch it with bash plugins/nanoverl-hf/scripts/fetch_smollm2.sh")
+    config = load_config(str(ROOT / SMOLLM2_CONFIG), overrides=[f"model.path={GGUF}"])
+    source = resolve_source(config.model)
+    model, tokenizer = load_policy(config, source), load_tokenizer(config.model, source)
+    eos = tokenizer.convert_tokens_to_ids(NEVER_SAMPLED)
+    tokenizer.eos_token = NEVER_SAMPLED
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def load_average() -> str:
@@ -108,6 +137,8 @@ def build_model(name: str, out: Path, seed: int = 0, dtype: str = "float32") -> 
     from nanoverl_hf.tiny import build_tiny_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if name == "smollm2":
+        return smollm2_model(out)
     spec = MODELS[name]
     build_tiny_model(out, alphabet=spec["alphabet"], hidden=spec["hidden"], layers=spec["layers"],
                      heads=spec["heads"], intermediate=spec["intermediate"], max_positions=512)
@@ -180,7 +211,42 @@ WORKLOADS: dict[str, dict[str, int]] = {
     "tiny": {"batch": 16, "n": 8, "max_new_tokens": 6},
     "10m": {"batch": 8, "n": 8, "max_new_tokens": 16},
     "10m-v32k": {"batch": 8, "n": 8, "max_new_tokens": 16},
+    "smollm2": {"batch": 8, "n": 8, "max_new_tokens": 32},   # examples/configs/smollm2_arithmetic.toml's
 }
+
+
+def workload_config(model_name: str, model: Path, out: Path, w: dict[str, int], *, lr: float = 1e-6,
+                    extra: list[str] | None = None):
+    """nanoverl_config for a model of MODELS (tiny_grpo.toml on the copy prompts) or for smollm2
+    (smollm2_arithmetic.toml: the arithmetic prompts, their reward, its micro-batches; no evaluation)."""
+    base = {} if model_name != "smollm2" else {
+        "base": SMOLLM2_CONFIG, "data": ARITHMETIC_DATA, "extra": ["trainer.eval_before_after=false", *(extra or [])]}
+    return nanoverl_config(model, out, batch=w["batch"], n=w["n"], max_new_tokens=w["max_new_tokens"], lr=lr,
+                           **{"extra": extra, **base})
+
+
+def gemm_gflops(shape: tuple[int, int, int] = (2048, 2048, 2048), repeats: int = 10) -> float:
+    """This CPU's fp32 matmul throughput at torch's current thread count: GFLOP/s of the fastest of
+    `repeats` (m x k) @ (k x n) products after one warm-up (2 m k n FLOPs each)."""
+    import torch
+
+    m, k, n = shape
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * m * k * n / best / 1e9
+
+
+def update_flops(parameters: int, embedding: int, hidden: int, vocab: int, tokens: float,
+                 response_tokens: float) -> float:
+    """Useful FLOPs of one forward + backward: 6 x non-embedding parameters x real (prompt + response)
+    tokens, plus the LM head (6 x hidden x vocab) on the response positions only. Padding is waste,
+    attention's score FLOPs are left out (small at these lengths)."""
+    return 6 * (parameters - embedding) * tokens + 6 * hidden * vocab * response_tokens
 
 
 def workload(model: str, args) -> dict[str, int]:

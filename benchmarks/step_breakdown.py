@@ -26,6 +26,19 @@ Workloads (models in benchmarks/common.py):
   hf-tiny-ppo  the same with a critic (GAE), a reference policy and a KL loss: every stage runs
   hf-10m       GRPO on the ~9.4M-parameter Llama
   hf-10m-v32k  GRPO on the ~10.3M-parameter Llama with a 32k vocabulary (--full or --workloads)
+  smollm2      GRPO on the real SmolLM2-135M-Instruct, arithmetic prompts, 8 x 8 samples, exactly 32 new
+               tokens (EOS never sampled), examples/configs/smollm2_arithmetic.toml's micro-batches, hf rollout
+  smollm2-vllm the same with the vllm rollout (run with .venv-vllm/bin/python; the old-log-prob pass runs
+               because the rollout-mismatch metrics need it)
+For every workload the actor update is also stated against this CPU's limit, measured in the same
+process at the same thread count (common.gemm_gflops: the fastest 2048^3 fp32 matmul):
+  update_gflops_per_s      useful FLOPs of the update (common.update_flops: 6 x non-embedding parameters
+                           x real tokens + the LM head on response positions) / its median seconds
+  update_fraction_of_gemm  that over gemm_gflops_per_s
+  rollout_* , old_log_probs_*   the same for the forward-only stages (a third of the update's FLOPs:
+                           prefill plus one position per generated token); the rollout's decode runs
+                           products of batch-size rows, the KV-cache attention and sampling besides
+  actor_update_s_all       every measured step's update seconds (identical work on smollm2: the spread)
 The sweep varies prompts per step, samples per prompt and response length one at a time around the
 `--sweep-model`'s default workload.
 """
@@ -39,9 +52,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (MODELS, ROOT, WORKLOADS, build_model, machine, median, nanoverl_config,  # noqa: E402
-                    nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb, run_json_subprocess,
-                    since, tmpdir)
+from common import (MODELS, ROOT, WORKLOADS, build_model, gemm_gflops, machine, median,  # noqa: E402
+                    nanoverl_config, nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb,
+                    run_json_subprocess, since, tmpdir, update_flops, workload_config)
 
 STAGES = ("data", "rollout", "reward", "old_log_probs", "ref_log_probs", "values", "advantages",
           "critic_update", "actor_update", "weight_sync", "step")
@@ -53,6 +66,8 @@ WORKLOAD_SPECS = {
     "hf-tiny-ppo": {"backend": "hf", "model": "tiny", "extra": PPO, **WORKLOADS["tiny"]},
     "hf-10m": {"backend": "hf", "model": "10m", "extra": [], **WORKLOADS["10m"]},
     "hf-10m-v32k": {"backend": "hf", "model": "10m-v32k", "extra": [], **WORKLOADS["10m-v32k"]},
+    "smollm2": {"backend": "hf", "model": "smollm2", "extra": ["rollout.name=hf"], **WORKLOADS["smollm2"]},
+    "smollm2-vllm": {"backend": "hf", "model": "smollm2", "extra": ["rollout.name=vllm"], **WORKLOADS["smollm2"]},
 }
 
 
@@ -71,8 +86,7 @@ def run_one(spec: dict) -> dict:
     else:
         model_dir = build_model(spec["model"], work / "model")
         params = num_parameters(model_dir)
-        config = nanoverl_config(model_dir, work / "run", batch=spec["batch"], n=spec["n"],
-                                 max_new_tokens=spec["max_new_tokens"], extra=extra)
+        config = workload_config(spec["model"], model_dir, work / "run", spec, extra=extra)
     trainer = nanoverl_trainer(config)
     cuda = trainer.workers.actor.device.type == "cuda"
     rows, cpu = [], []
@@ -86,6 +100,7 @@ def run_one(spec: dict) -> dict:
     samples = spec["batch"] * spec["n"]
     response = median([r["rollout/response_length/mean"] for r in rows]) * samples
     prompt = median([r["rollout/prompt_length/mean"] for r in rows]) * samples
+    tokens = median([(r["rollout/prompt_length/mean"] + r["rollout/response_length/mean"]) * samples for r in rows])
     out = {
         "benchmark": "step_breakdown", "workload": spec["name"], "backend": spec["backend"],
         "model": spec["model"], "parameters": params, "algorithm": config.algorithm.advantage_estimator,
@@ -100,6 +115,20 @@ def run_one(spec: dict) -> dict:
         "tokens_per_s": round(median([r["throughput/tokens_per_s"] for r in rows]), 1),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
+    if params is not None:
+        module = trainer.workers.actor.module
+        head, embedding = module.get_output_embeddings().weight, module.get_input_embeddings().weight
+        untied = head.numel() if head.data_ptr() != embedding.data_ptr() else 0
+        flops = update_flops(params - untied, embedding.numel(), head.shape[1], head.shape[0], tokens, response)
+        gemm = gemm_gflops()
+        out.update({"prompt_length_mean": round(prompt / samples, 2), "gemm_gflops_per_s": round(gemm, 1),
+                    "actor_update_s_all": [round(r["timing/actor_update"], 3) for r in rows]})
+        # forward-only stages do a third of the update's FLOPs (the rollout: prefill + one position per new token)
+        for name, stage_flops in (("update", flops), ("rollout", flops / 3), ("old_log_probs", flops / 3)):
+            seconds = stage.get("actor_update" if name == "update" else name, 0.0)
+            if seconds > 0.01:
+                out[f"{name}_gflops_per_s"] = round(stage_flops / seconds / 1e9, 1)
+                out[f"{name}_fraction_of_gemm"] = round(stage_flops / seconds / 1e9 / gemm, 3)
     if cuda:
         out["peak_cuda_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     out["machine"] = machine()

@@ -41,6 +41,14 @@ def test_step_breakdown_reports_every_stage_of_ppo_with_critic_and_reference():
     assert set(row["stage_s"]) >= {"rollout", "reward", "old_log_probs", "ref_log_probs", "values", "advantages",
                                    "critic_update", "actor_update", "weight_sync", "step"}
     assert row["generated_tokens_per_s"] > 0 and row["trained_tokens_per_s"] > 0 and row["peak_rss_mb"] > 0
+    assert 0 < row["update_fraction_of_gemm"] < 1 and len(row["actor_update_s_all"]) == 1
+
+
+def test_gemm_probe_reports_the_square_and_the_model_shapes():
+    (row,) = run("gemm_probe.py", "--threads", "1", "--tokens", "64", "--repeats", "1")
+    assert row["threads"] == 1 and row["square_2048_gflops"] > 0
+    assert set(row["shape_gflops"]) == {"q_o_proj", "k_v_proj", "mlp_up", "mlp_down", "mlp_up_weight_grad",
+                                        "lm_head", "lm_head_input_grad"}
 
 
 def test_vs_bare_runs_both_contenders():

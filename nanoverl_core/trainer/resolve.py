@@ -80,8 +80,9 @@ def check_rollout_log_probs(config: Config, rollout) -> None:
         key, value = next((k, v) for k, v in (("is_level", rc.is_level), ("rs_level", rc.rs_level), ("rs_kl", rc.rs_kl))
                           if v != "off")
         raise ConfigError(f"algorithm.rollout_correction.{key} = {value!r} needs the rollout's own log-probs, but "
-                          f"rollout.name = {config.rollout.name!r} returns none; use a rollout that does (vllm, or debug "
-                          f"with [rollout.debug] log_probs = true) or set algorithm.rollout_correction.{key} = 'off'")
+                          f"rollout.name = {config.rollout.name!r} returns none; use a rollout that does (vllm "
+                          "with [rollout.vllm] log_probs = true, its default, or debug with [rollout.debug] "
+                          f"log_probs = true) or set algorithm.rollout_correction.{key} = 'off'")
     warning = truncated_sampling_warning(config.rollout.top_p, config.rollout.top_k) if has else None
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

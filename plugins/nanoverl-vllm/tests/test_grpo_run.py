@@ -54,3 +54,31 @@ def test_grpo_with_the_vllm_rollout_learns_the_copy_task(tmp_path, correction):
     assert all(abs(r["rollout_corr/kl_k1"]) < 1e-3 and r["rollout_corr/abs_diff_max"] < 1e-2 for r in rows)
     if correction:
         assert all("rollout_corr/is_weight_mean" in r and "rollout_corr/rs_token_frac" in r for r in rows)
+
+
+@pytest.mark.engine
+def test_without_engine_log_probs_an_on_policy_step_skips_the_old_log_prob_pass(tmp_path):
+    """[rollout.vllm] log_probs = false: no rollout_log_probs, so no rollout_corr/ metrics and no separate
+    old-log-prob forward; rollout correction, which needs them, is refused before the first step."""
+    from nanoverl_hf.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", alphabet="0123456789=", heads=2)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    base = [str(TRAIN), "--config", "examples/configs/tiny_grpo.toml", "rollout.name=vllm", f"model.path={model}",
+            "trainer.total_steps=3", "trainer.save_every=0", "trainer.val_every=0", "tracking.trackers=[jsonl]",
+            "trainer.progress=none", "rollout.vllm.log_probs=false"]
+    run = tmp_path / "run"
+    result = subprocess.run([*base, f"trainer.output_dir={run}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and not any(key.startswith("rollout_corr/") for row in rows for key in row)
+    assert all(r["timing/old_log_probs"] < 0.01 * r["timing/actor_update"] for r in rows)   # skipped: ~1e-6 s
+
+    refused = tmp_path / "refused"
+    result = subprocess.run([*base, f"trainer.output_dir={refused}", CORRECTION[0]], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert "algorithm.rollout_correction.is_level" in line and "[rollout.vllm] log_probs = true" in line
+    assert not (refused / "checkpoints").exists()

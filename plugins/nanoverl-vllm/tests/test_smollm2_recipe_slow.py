@@ -5,7 +5,8 @@
 
 Ten GRPO steps of examples/configs/smollm2_arithmetic.toml (vllm rollout, hf worker) through the
 real CLI; the run's eval.json must show the held-out greedy accuracy up on the base model's
-(measured here: 0.34 -> 0.48 after 10 steps, seed 0). The full recipe: scripts/smollm2_recipe.py.
+(measured here at lr 1e-5: 0.34 -> 0.61 after 10 steps, seed 0; 0.63-0.64 for seeds 1-2). The full
+recipe: scripts/smollm2_recipe.py.
 """
 
 from __future__ import annotations

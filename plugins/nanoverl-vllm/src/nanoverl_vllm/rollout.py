@@ -63,10 +63,11 @@ def to_vllm_params(params: SamplingParams, *, stop_token_ids: list[int], seed: i
 
 
 class VLLMRollout:
-    def __init__(self, config: Config, workers, *, log_probs: bool = True, sleep: bool | None = None):
+    def __init__(self, config: Config, workers, *, log_probs: bool | None = None, sleep: bool | None = None):
         """`sleep=None` frees the engine's accelerator memory between generate calls where vLLM supports
         it (CUDA / ROCm); on CPU there is nothing to free (`sleep=True` there runs the same calls, which
-        vLLM's CPU worker ignores: how the tests cover this path). `log_probs` adds `rollout_log_probs`."""
+        vLLM's CPU worker ignores: how the tests cover this path). `log_probs` adds `rollout_log_probs`
+        (default: [rollout.vllm] log_probs)."""
         self.config = config
         self.tokenizer = workers.tokenizer
         self.actor = workers.actor                                  # re-read after a sleep or a failed sync
@@ -82,7 +83,7 @@ class VLLMRollout:
                               'or set lora_sync = "merged"')
         self.lora_request = None                                    # adapter mode: the LoRARequest generate passes
         self._lora_ids = itertools.count(1)
-        self.log_probs = self.returns_log_probs = log_probs
+        self.log_probs = self.returns_log_probs = settings.log_probs if log_probs is None else log_probs
         self.sleep = engine.sleep_supported() if sleep is None else sleep
         self.eos_token_ids = stop_token_ids(self.tokenizer, self.actor.module)
         self.folder = Path(tempfile.mkdtemp(prefix="nanoverl-vllm-"))   # config.json (+ weights on restart)

@@ -12,6 +12,11 @@ class VLLMSettings:
     gpu_memory_utilization: float = attrs.field(default=0.5, validator=[attrs.validators.gt(0),
                                                                          attrs.validators.le(1)])
     """Fraction of accelerator memory the engine may take (weights + KV cache); ignored on CPU."""
+    log_probs: bool = True
+    """Return `rollout_log_probs`, vLLM's log-prob of each sampled token: the rollout-mismatch metrics
+    (`rollout_corr/*`) and algorithm.rollout_correction need them, and to compare them the trainer runs
+    the old-log-prob pass even on an on-policy step (~18% of a SmolLM2 recipe step here). false: no
+    engine log-probs, no mismatch metrics, and an on-policy step skips that pass."""
     lora_sync: str = attrs.field(default="merged", validator=attrs.validators.in_(LORA_SYNC))
     """With [model.lora] enable = true, what each weight sync sends the engine. "merged" (default):
     every weight, adapted ones as W + alpha/r * B @ A, streamed into a plain engine (no vLLM LoRA
