@@ -51,6 +51,14 @@ def test_gemm_probe_reports_the_square_and_the_model_shapes():
                                         "lm_head", "lm_head_input_grad"}
 
 
+def test_profile_update_ranks_the_operators_of_one_update():
+    (row,) = run("profile_update.py", "--model", "tiny", "--threads", "1", "--repeats", "1", "--top", "5")
+    assert len(row["update_s"]) == len(row["optimizer_step_s"]) == 1 and row["tokens"] > 0
+    shares = [op["share"] for op in row["top_self_cpu"]]
+    assert len(shares) == 5 and shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1
+    assert "aten::mm" in [op["op"] for op in row["top_self_cpu"]]
+
+
 def test_vs_bare_runs_both_contenders():
     (row,) = run("vs_bare.py", "--models", "tiny", "--steps", "1", "--warmup", "0")
     assert row["nanoverl_cpu_s_per_step"] > 0 and row["bare_cpu_s_per_step"] > 0
