@@ -269,6 +269,20 @@ def since(start: tuple[float, float]) -> tuple[float, float]:
     return wall - start[0], cpu - start[1]
 
 
+def timed_method(obj, name: str, sink: list[float]) -> None:
+    """Wrap obj.name so each call's wall time is appended to sink (TRL's breakdown, the optimizer step)."""
+    method = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - start)
+
+    setattr(obj, name, wrapper)
+
+
 def summary(a: list[tuple[float, float]], b: list[tuple[float, float]], warmup: int, names: tuple[str, str]) -> dict:
     """Medians of two contenders' (wall, cpu) step times after warm-up, and the ratios a / b."""
     out = {}

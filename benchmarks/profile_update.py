@@ -22,18 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import MODELS, WORKLOADS, build_model, machine, nanoverl_step, nanoverl_trainer, tmpdir  # noqa: E402
-from common import workload_config  # noqa: E402
-
-
-def timed(fn, sink: list[float]):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sink.append(time.perf_counter() - start)
-    return wrapper
+from common import (MODELS, WORKLOADS, build_model, machine, nanoverl_step, nanoverl_trainer,  # noqa: E402
+                    timed_method, tmpdir, workload_config)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,9 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     batch, loss, on_policy = captured["batch"], captured["loss"], captured["on_policy"]
 
     seconds, optimizer = [], []
-    actor.optimizer.step = timed(actor.optimizer.step, optimizer)
+    timed_method(actor.optimizer, "step", optimizer)
     for _ in range(args.repeats):
-        timed(update, seconds)(batch, loss, on_policy=on_policy)
+        start = time.perf_counter()
+        update(batch, loss, on_policy=on_policy)
+        seconds.append(time.perf_counter() - start)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         update(batch, loss, on_policy=on_policy)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)

@@ -47,14 +47,13 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (ARITHMETIC_DATA, MODELS, ROOT, TINY_DATA, build_model, machine, median,  # noqa: E402
-                    nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb, since, summary, tmpdir,
-                    workload, workload_config)
+                    nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb, since, summary, timed_method,
+                    tmpdir, workload, workload_config)
 
 
 def trl_dataset(model_name: str):
@@ -82,20 +81,6 @@ def char_match_reward(prompts, completions, target, **_):
     from nanoverl_core.builtins.rewards import char_match
 
     return [char_match(p, c, {"target": t}) for p, c, t in zip(prompts, completions, target)]
-
-
-def timed_method(obj, name: str, sink: list[float]) -> None:
-    """Wrap obj.name so each call's wall time is appended to sink (for TRL's breakdown)."""
-    method = getattr(obj, name)
-
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            sink.append(time.perf_counter() - start)
-
-    setattr(obj, name, wrapper)
 
 
 def run(model_name: str, args) -> dict:
