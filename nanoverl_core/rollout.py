@@ -32,6 +32,12 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def sample_seeds(rows: int) -> torch.Tensor:
+    """(rows,) int64 per-row sampling seeds: one draw from torch's global generator plus the row index,
+    so rows that share a prompt get different samples and a run seeded by trainer.seed repeats itself."""
+    return int(torch.randint(0, 2**31, ())) + torch.arange(rows)
+
+
 def stop_token_ids(tokenizer, module=None) -> list[int]:
     """Every id that ends a response: the tokenizer's EOS, then those of the module's generation config
     (chat models often end a turn with a token such as <|im_end|> besides the tokenizer's EOS)."""

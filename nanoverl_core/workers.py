@@ -311,20 +311,20 @@ class TorchActor(_TorchWorker):
         inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos,
                   **({"logits_to_keep": width + 1} if self.keeps_logits else {})}
         responses = ids[:, -width:]                                           # (B, R')
-        full = batch["responses"].shape[1]
+        scores = None
         if self.chunked_head is not None:
             valid = batch["response_mask"][:, :width].to(self.device).bool()
             scores = self.chunked_head(self.module, inputs, responses, valid, self.temperature, with_entropy)
-            if scores is not None:
-                log_probs, entropy = scores
-                return _pad_right(log_probs, full), (_pad_right(entropy, full) if entropy is not None else None)
-            self.chunked_head = None          # this model's head cannot be split off: full logits from now on
-        logits = self.module(**inputs).logits
-        logits = logits[:, -width - 1:-1].float()  # (B, R', V): logits predicting each response token
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        log_probs = logprobs_from_logits(logits, responses)
-        entropy = entropy_from_logits(logits) if with_entropy else None
+            if scores is None:
+                self.chunked_head = None      # this model's head cannot be split off: full logits from now on
+        if scores is None:
+            logits = self.module(**inputs).logits
+            logits = logits[:, -width - 1:-1].float()  # (B, R', V): logits predicting each response token
+            if self.temperature != 1.0:
+                logits = logits / self.temperature
+            scores = logprobs_from_logits(logits, responses), (entropy_from_logits(logits) if with_entropy else None)
+        log_probs, entropy = scores
+        full = batch["responses"].shape[1]
         return _pad_right(log_probs, full), (_pad_right(entropy, full) if entropy is not None else None)
 
     @torch.no_grad()

@@ -124,9 +124,10 @@ def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...], 
     import torch.distributed as dist
 
     from ..batch import RLBatch
+    from ..rollout import sample_seeds
 
     if row_seeds:
-        batch["sample_seed"] = int(torch.randint(0, 2**31, ())) + torch.arange(len(batch))
+        batch["sample_seed"] = sample_seeds(len(batch))
     rows, real = rank_rows(len(batch))
     with fork_rng():
         torch.manual_seed(hash((*seed, rank())) & 0x7FFF_FFFF_FFFF_FFFF)  # int tuples hash alike in every process

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -38,7 +37,8 @@ import torch
 
 from nanoverl_core import ConfigError, RLBatch, SamplingParams, responses_to_batch
 from nanoverl_core.config import Config
-from nanoverl_core.rollout import stop_token_ids
+from nanoverl_core.rollout import sample_seeds, stop_token_ids
+from nanoverl_core.trainer.dist import is_distributed
 
 from . import engine
 from .engine import TokensPrompt, VLLMSamplingParams
@@ -233,7 +233,7 @@ class VLLMRollout:
             return [0] * len(batch)
         if "sample_seed" in batch:
             return batch["sample_seed"].tolist()
-        return (int(torch.randint(0, 2**31, ())) + torch.arange(len(batch))).tolist()
+        return sample_seeds(len(batch)).tolist()
 
     # ---- generation --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -267,8 +267,8 @@ def _drain(tensors: Iterable) -> None:
 
 def _any_rank(flag: bool) -> bool:
     """`flag` on any rank (an all-reduce under torchrun; the flag itself in one process, where the only
-    process group may be vLLM's own)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not torch.distributed.is_initialized():
+    process group may be vLLM's own: is_distributed looks at WORLD_SIZE)."""
+    if not is_distributed():
         return flag
     value = torch.tensor(float(flag))
     torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
