@@ -30,11 +30,15 @@ Workloads (models in benchmarks/common.py):
                tokens (EOS never sampled), examples/configs/smollm2_arithmetic.toml's micro-batches, hf rollout
   smollm2-vllm the same with the vllm rollout (run with .venv-vllm/bin/python; the old-log-prob pass runs
                because the rollout-mismatch metrics need it)
+  smollm2-plain  smollm2 with every row's prompt run whole (rollout.share_prompts and actor.share_prompts
+               off): what prompt sharing saves
 For every workload the actor update is also stated against this CPU's limit, measured in the same
 process at the same thread count (common.gemm_gflops: the fastest 2048^3 fp32 matmul):
   update_gflops_per_s      useful FLOPs of the update (common.update_flops: 6 x non-embedding parameters
                            x real tokens + the LM head on response positions) / its median seconds
-  update_fraction_of_gemm  that over gemm_gflops_per_s
+  update_fraction_of_gemm  that over gemm_gflops_per_s. With actor.share_prompts each distinct prompt runs
+                           once, so this counts work not done and can pass 1: the machine's efficiency is
+  update_executed_fraction_of_gemm  the FLOPs run (distinct prompts once, every row's response) over GEMM
   rollout_* , old_log_probs_*   the same for the forward-only stages (a third of the update's FLOPs:
                            prefill plus one position per generated token); the rollout's decode runs
                            products of batch-size rows, the KV-cache attention and sampling besides
@@ -68,6 +72,8 @@ WORKLOAD_SPECS = {
     "hf-10m-v32k": {"backend": "hf", "model": "10m-v32k", "extra": [], **WORKLOADS["10m-v32k"]},
     "smollm2": {"backend": "hf", "model": "smollm2", "extra": ["rollout.name=hf"], **WORKLOADS["smollm2"]},
     "smollm2-vllm": {"backend": "hf", "model": "smollm2", "extra": ["rollout.name=vllm"], **WORKLOADS["smollm2"]},
+    "smollm2-plain": {"backend": "hf", "model": "smollm2", **WORKLOADS["smollm2"],
+                      "extra": ["rollout.name=hf", "rollout.share_prompts=false", "actor.share_prompts=false"]},
 }
 
 
@@ -120,6 +126,11 @@ def run_one(spec: dict) -> dict:
         head, embedding = module.get_output_embeddings().weight, module.get_input_embeddings().weight
         untied = head.numel() if head.data_ptr() != embedding.data_ptr() else 0
         flops = update_flops(params - untied, embedding.numel(), head.shape[1], head.shape[0], tokens, response)
+        # shared prompts: the batch's distinct prompts (all but their last token) once, every row from there
+        executed_tokens = spec["batch"] * (prompt / samples - 1) + samples + response \
+            if trainer.workers.actor.cache_keyword is not None else tokens
+        executed = update_flops(params - untied, embedding.numel(), head.shape[1], head.shape[0], executed_tokens,
+                                response)
         gemm = gemm_gflops()
         out.update({"prompt_length_mean": round(prompt / samples, 2), "gemm_gflops_per_s": round(gemm, 1),
                     "actor_update_s_all": [round(r["timing/actor_update"], 3) for r in rows]})
@@ -129,6 +140,8 @@ def run_one(spec: dict) -> dict:
             if seconds > 0.01:
                 out[f"{name}_gflops_per_s"] = round(stage_flops / seconds / 1e9, 1)
                 out[f"{name}_fraction_of_gemm"] = round(stage_flops / seconds / 1e9 / gemm, 3)
+        if stage.get("actor_update", 0.0) > 0.01:
+            out["update_executed_fraction_of_gemm"] = round(executed / stage["actor_update"] / 1e9 / gemm, 3)
     if cuda:
         out["peak_cuda_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     out["machine"] = machine()
@@ -145,7 +158,7 @@ def plan(args) -> list[dict]:
             for value in values:
                 if value != base[key]:
                     specs.append({**base, key: value, "name": f"{base['name']} {key}={value}"})
-    return specs
+    return [{**spec, "extra": [*spec["extra"], *args.set]} for spec in specs]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="trainer.device (cpu, cuda, auto)")
     parser.add_argument("--threads", type=int, default=1, help="trainer.num_threads (0: torch's default)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides added to every workload (e.g. actor.micro_batch_size=64)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: run one workload spec (JSON) here
     args = parser.parse_args(argv)
     if args.one:

@@ -42,6 +42,14 @@ def test_step_breakdown_reports_every_stage_of_ppo_with_critic_and_reference():
                                    "critic_update", "actor_update", "weight_sync", "step"}
     assert row["generated_tokens_per_s"] > 0 and row["trained_tokens_per_s"] > 0 and row["peak_rss_mb"] > 0
     assert 0 < row["update_fraction_of_gemm"] < 1 and len(row["actor_update_s_all"]) == 1
+    # 8 samples a prompt share it: the FLOPs run are fewer than the useful count, which assumes every row whole
+    assert 0 < row["update_executed_fraction_of_gemm"] < row["update_fraction_of_gemm"]
+
+
+def test_step_breakdown_set_overrides_every_workload():
+    (row,) = run("step_breakdown.py", "--workloads", "hf-tiny", "--no-sweep", "--steps", "1", "--warmup", "0",
+                 "--set", "actor.share_prompts=false")
+    assert row["update_executed_fraction_of_gemm"] == row["update_fraction_of_gemm"]     # every row run whole
 
 
 def test_gemm_probe_reports_the_square_and_the_model_shapes():

@@ -147,6 +147,10 @@ class RolloutConfig:
     """Validation temperature; 0 is greedy."""
     micro_batch_size: int = 0
     """Rows per generate call; 0 generates the whole batch at once."""
+    share_prompts: bool = True
+    """A rollout that prefills its prompts itself (`hf`): each distinct prompt of a generate call is
+    prefilled once and its KV cache copied to the rows that repeat it (an engine with its own prefix cache
+    needs no key)."""
     settings: Any = _settings()
     """The selected rollout's own settings, written as [rollout.<name>] (see `component_settings`)."""
 
@@ -214,6 +218,11 @@ class ActorConfig(OptimConfig):
     logits_chunk_size: int = 1024
     """Response positions per chunk through the LM head: log-probs and entropy from the hidden states, never
     the whole (positions, vocabulary) logits (transformers models with a linear head); 0 = the full logits."""
+    share_prompts: bool = True
+    """Each distinct prompt of a micro-batch runs through the model once and its KV cache serves every row
+    that repeats it (the n samples of a prompt): the same log-probs and gradients to float rounding, for
+    about half the work at ~40-token prompts and 32-token responses. Off (or, by itself, under gradient
+    checkpointing or for a model without a KV cache): every row runs its whole sequence."""
     settings: Any = _settings()
     """The selected policy loss's own settings, written as [actor.<policy_loss>]."""
 
@@ -230,6 +239,8 @@ class CriticConfig(OptimConfig):
     """Rows per critic forward/backward; 0 = the whole mini-batch."""
     max_tokens_per_micro_batch: int = 0
     """Instead of micro_batch_size: critic micro-batches of at most this many (padded) tokens; 0 = off."""
+    share_prompts: bool = True
+    """As actor.share_prompts, for the value passes and the critic update."""
     cliprange_value: float = 0.5
     """Value clipping around the old values (PPO-style)."""
     loss_agg_mode: LossAggMode = "token-mean"

@@ -10,6 +10,8 @@ Module conventions (Hugging Face style): ``module(input_ids=, attention_mask=, p
 returns an object with ``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` for a value model. A
 policy whose ``get_output_embeddings()`` is an ``nn.Linear`` gets its response log-probs through that
 head a chunk of positions at a time instead (``actor.logits_chunk_size``, nanoverl_core/lm_head.py).
+A module whose forward takes a KV cache (``cache=`` or ``past_key_values=``, ``use_cache=``) runs each
+distinct prompt of a micro-batch once (``actor.share_prompts``, ``_TorchWorker.module_inputs``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import errno
 import inspect
 import json
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -100,10 +103,54 @@ def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
+def forward_keyword(module: torch.nn.Module, *names: str) -> str | None:
+    """The first of `names` that module.forward takes as a keyword, or None. A wrapper that passes
+    **kwargs on to a model it exposes as `get_base_model()` (peft) is looked through."""
+    forwards = [module.forward]
+    if callable(getattr(module, "get_base_model", None)):
+        forwards.append(module.get_base_model().forward)
+    params = [inspect.signature(f).parameters for f in forwards]
+    return next((name for name in names if any(name in p for p in params)), None)
+
+
+def prompt_cache(module: torch.nn.Module, keyword: str, ids: torch.Tensor, mask: torch.Tensor,
+                 keeps_logits: bool = False) -> Any | None:
+    """The KV cache of left-padded prompts ids / mask (B, S) for every row, each distinct row run through the
+    module once and its cache indexed out to the rows that repeat it (differentiable: autograd sums a
+    prompt's gradient over its rows). `keyword` is the module's `cache_keyword`; keeps_logits: its forward
+    takes logits_to_keep (only one position's logits are made). None when the module returned no cache."""
+    distinct, rows = torch.unique(torch.cat([ids, mask.to(ids.dtype)], 1), dim=0, return_inverse=True)
+    distinct_mask = distinct[:, ids.shape[1]:]
+    out = module(input_ids=distinct[:, :ids.shape[1]], attention_mask=distinct_mask, use_cache=True,
+                 position_ids=(distinct_mask.cumsum(-1) - 1).clamp(min=0),
+                 **({"logits_to_keep": 1} if keeps_logits else {}))
+    cache = getattr(out, keyword, None)
+    if cache is not None:
+        cache.reorder_cache(rows)     # (distinct, ...) -> (B, ...) for every layer type (batch_select_indices
+    return cache                      # misses recurrent states)
+
+
+def _checkpointed(module: torch.nn.Module) -> bool:
+    """Whether a transformers model (under peft: its base model) has activation checkpointing on."""
+    if callable(getattr(module, "get_base_model", None)):
+        module = module.get_base_model()
+    name = "is_activation_checkpointing" if hasattr(type(module), "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"                                    # the name before transformers 5.2x
+    return bool(getattr(module, name, False))
+
+
+def cache_keyword(module: torch.nn.Module) -> str | None:
+    """The forward's KV-cache keyword: `cache` (transformers >= 5.2x), `past_key_values` (before), or None.
+    The output carries the cache under the same name."""
+    return forward_keyword(module, "cache", "past_key_values") if forward_keyword(module, "use_cache") else None
+
+
 class _TorchWorker:
     """Shared parts of actor and critic: device, optimizer, data-parallel sums, checkpoints."""
 
     metric_prefix = "actor"
+    cached_backward = True
+    """Whether a training pass may run through a shared prompt cache (two forwards before one backward)."""
 
     def __init__(self, module: torch.nn.Module, config: Config, optim: OptimConfig | None,
                  mini_batch_prompts: int, epochs: int, device: torch.device | str = "cpu"):
@@ -111,6 +158,10 @@ class _TorchWorker:
         self.config = config
         self.device = torch.device(device)
         self.optim_cfg = optim
+        part = config.critic if self.metric_prefix == "critic" else config.actor
+        self.cache_keyword = cache_keyword(module) if part.share_prompts else None
+        """Set: each distinct prompt of a micro-batch runs once (`module_inputs`); None: every row runs whole."""
+        self.prompts_checked = False
         self.optimizer = self.scheduler = None
         if optim is not None:
             params = [p for p in module.parameters() if p.requires_grad]
@@ -148,6 +199,60 @@ class _TorchWorker:
     def global_max(self, value: int) -> int:
         """The largest `value` over data-parallel ranks (every rank must run as many passes)."""
         return value
+
+    def module_inputs(self, batch: RLBatch, keep_logits: bool = False) -> tuple[dict[str, Any], int]:
+        """The module's keyword arguments for `batch`, on the device, and R' (the trimmed response width).
+        The module's output ends with the R' + 1 positions whose outputs predict (or value) the response
+        tokens; keep_logits asks a transformers model for those positions' logits only.
+
+        With a KV cache (`cache_keyword`), each distinct prompt but its last token runs once, here, and
+        the returned arguments continue every row from its prompt's cache. The cache reaches the rows
+        by indexing, so autograd sums each prompt's gradient over its rows as the plain pass does:
+        the same log-probs, values and gradients to float rounding, for the prompt's work once instead
+        of n times. Gradient checkpointing drops caches, so a checkpointed training pass runs plain (as
+        does every training pass of a worker with `cached_backward = False`).
+        """
+        ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
+        keep = {"logits_to_keep": width + 1} if keep_logits else {}
+        plain = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **keep}
+        split = ids.shape[1] - width - 1                 # prompt columns that go into the cache
+        training = torch.is_grad_enabled() and self.module.training
+        plain_backward = training and (not self.cached_backward or _checkpointed(self.module))
+        # under FSDP every rank must run as many forwards: one rank's one-token prompts make all run plain
+        if self.cache_keyword is None or plain_backward or self.global_max(int(split < 1)):
+            return plain, width
+        if not self.prompts_checked:
+            self.prompts_checked = True
+            if not self._prompt_cache_agrees(plain, split, width):
+                self.cache_keyword = None
+                return plain, width
+        return self._continue_from_prompts(ids, mask, pos, split, keep), width
+
+    def _continue_from_prompts(self, ids, mask, pos, split: int, keep: dict) -> dict[str, Any] | None:
+        """The arguments that continue every row from the cache of its first `split` columns (each distinct
+        one run once). None when the module returned no cache."""
+        cache = prompt_cache(self.module, self.cache_keyword, ids[:, :split], mask[:, :split], bool(keep))
+        return None if cache is None else {"input_ids": ids[:, split:], "attention_mask": mask,
+                                           "position_ids": pos[:, split:], self.cache_keyword: cache,
+                                           "use_cache": True, **keep}
+
+    @torch.no_grad()
+    def _prompt_cache_agrees(self, plain: dict[str, Any], split: int, width: int) -> bool:
+        """Before the first cached pass: on two rows, the outputs through the cache equal the plain
+        pass's (a model that drops or misreads the cache would otherwise be wrong silently). It depends
+        only on the model, and every FSDP rank takes the same decision (each forward is a collective)."""
+        few = {key: value[:2] if torch.is_tensor(value) else value for key, value in plain.items()}
+        cached = self._continue_from_prompts(few["input_ids"], few["attention_mask"], few["position_ids"], split,
+                                             {key: few[key] for key in few if key == "logits_to_keep"})
+        expected = self.module(**few).logits[:, -width - 1:]
+        got = self.module(**cached).logits[:, -width - 1:] if cached is not None else None
+        tol = 1e-3 if expected.dtype in (torch.float32, torch.float64) else 5e-2     # bf16 / fp16 rounding
+        agrees = got is not None and got.shape == expected.shape and \
+            torch.allclose(got.float(), expected.float(), rtol=tol, atol=tol)
+        if not agrees:
+            print(f"warning: {type(self.module).__name__}: outputs through a shared prompt cache differ from a plain "
+                  f"forward; {self.metric_prefix}.share_prompts is off for this run", file=sys.stderr)
+        return self.global_max(int(not agrees)) == 0
 
     @property
     def micro_limits(self) -> tuple[int, int, str]:
@@ -299,18 +404,15 @@ class TorchActor(_TorchWorker):
         self.temperature = config.rollout.temperature
         # transformers models can run the LM head on the last positions only: the prompt's logits
         # (B, P, V) are never needed, and at a real vocabulary they are most of the head's cost
-        self.keeps_logits = "logits_to_keep" in inspect.signature(module.forward).parameters
+        self.keeps_logits = forward_keyword(module, "logits_to_keep") is not None
         # and the response positions' (B, R', V) logits need not exist at once either (actor.logits_chunk_size);
         # None: the module has no plain linear head (or chunking is off), the full logits are used
         self.chunked_head = ChunkedHead.of(module, config.actor.logits_chunk_size)
 
     def forward(self, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy."""
-        # trimmed on the host, then only the model's inputs travel to the device (once)
-        ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
-        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos,
-                  **({"logits_to_keep": width + 1} if self.keeps_logits else {})}
-        responses = ids[:, -width:]                                           # (B, R')
+        inputs, width = self.module_inputs(batch, keep_logits=self.keeps_logits)
+        responses = inputs["input_ids"][:, -width:]                           # (B, R')
         scores = None
         if self.chunked_head is not None:
             valid = batch["response_mask"][:, :width].to(self.device).bool()
@@ -386,8 +488,8 @@ class TorchCritic(_TorchWorker):
                          config.critic.ppo_epochs, device)
 
     def forward(self, batch: RLBatch) -> torch.Tensor:
-        ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
-        values = self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits[..., 0].float()
+        inputs, width = self.module_inputs(batch)
+        values = self.module(**inputs).logits[..., 0].float()
         return _pad_right(values[:, -width - 1:-1], batch["responses"].shape[1])
 
     @torch.no_grad()

@@ -64,8 +64,9 @@ def runs(tmp_path_factory, testkit_site):
     val.write_text("".join((ROOT / "examples/data/tiny_copy/val.jsonl").read_text().splitlines(True)[:8]))
     args = [*ARGS, f"data.val_files=[{val}]"]
     start = time.perf_counter()
-    run([sys.executable, "-m", "nanoverl_core.cli", *args, "worker.name=hf", f"trainer.output_dir={one}"],
-        timeout=150, **plugin)
+    # the hf side's updates run every row whole, as FSDP's training passes do (its log-prob passes share prompts)
+    run([sys.executable, "-m", "nanoverl_core.cli", *args, "worker.name=hf", "actor.share_prompts=false",
+         f"trainer.output_dir={one}"], timeout=150, **plugin)
     one_s = time.perf_counter() - start
 
     cmd = torchrun(2, "-m", "nanoverl_core.cli", *args, f"trainer.output_dir={two}")

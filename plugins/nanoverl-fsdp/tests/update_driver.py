@@ -36,9 +36,16 @@ OVERRIDES = [
 ]
 
 
+PLAIN_PASSES = ("actor.share_prompts=false", "critic.share_prompts=false")
+"""The hf side runs every row whole: FSDP shares prompt caches in its log-prob and value passes only (its
+training passes run plain), so the fsdp side's shared passes are checked against plain ones and the two
+updates do the same float arithmetic."""
+
+
 def make_config(worker: str, model: Path, extra: tuple[str, ...] = ()):
+    plain = PLAIN_PASSES if worker == "hf" else ()
     return load_config(None, [f"worker.name={worker}", f"model.path={model}", f"data.train_files=[{model}/unused.jsonl]",
-                              *OVERRIDES, *extra])
+                              *OVERRIDES, *plain, *extra])
 
 
 def fixed_batch(tokenizer, prompts: int = 4, seed: int = 1) -> RLBatch:

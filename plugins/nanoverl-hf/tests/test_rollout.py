@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -214,3 +215,52 @@ def test_hf_rollout_and_worker_keep_the_core_contracts(tiny_dir, make_config, sh
     batch.update(check_rollout(rollout, batch, max_new_tokens=5))
     check_actor(workers.actor, batch)
     rollout.close()
+
+
+GROUPS = [text for text in ["12=", "5555=", "8=", "123456="] for _ in range(4)]
+"""Four prompts of different lengths, each repeated n=4 times in adjacent rows, as a GRPO batch holds them."""
+HAS_PEFT = importlib.util.find_spec("peft") is not None
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["rollout.micro_batch_size=6"], ["model.gradient_checkpointing=true"],
+    pytest.param(["model.lora.enable=true", "model.lora.rank=4", "model.lora.alpha=8"],
+                 marks=pytest.mark.skipif(not HAS_PEFT, reason="needs peft"))], ids=["whole", "micro", "ckpt", "lora"])
+def test_shared_prefix_generation_equals_plain_generation(tiny_dir, make_config, overrides):
+    cfg = make_config(tiny_dir, "trainer.seed=6", *overrides)
+    workers = make_workers(cfg)
+    with torch.no_grad():                                                   # an adapter that changes the outputs
+        for name, p in workers.actor.module.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)
+    rollout = make_rollout(cfg, workers)
+    batch = prompt_batch(workers.tokenizer, GROUPS, width=9)                # left padding, 2 all-padding columns
+    sampled = SamplingParams(max_new_tokens=6, temperature=1.3, top_p=0.9)
+    outs = {}
+    for share in (True, False):
+        rollout.share_prefix = share
+        torch.manual_seed(11)
+        outs[share] = rollout.generate(batch, GREEDY), rollout.generate(batch, sampled)
+    for a, b in zip(outs[True], outs[False]):
+        assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["response_mask"], b["response_mask"])
+    assert not torch.equal(outs[True][1]["responses"], outs[True][0]["responses"])   # the sampled call did draw
+
+
+def test_each_distinct_prompt_prefix_is_computed_once(tiny_dir, make_config):
+    cfg = make_config(tiny_dir)
+    workers = make_workers(cfg)
+    rollout = make_rollout(cfg, workers)
+    batch = prompt_batch(workers.tokenizer, GROUPS)                         # 16 rows, 4 distinct, width 7
+    fed = {}
+    for share in (True, False):
+        rollout.share_prefix, shapes = share, []
+        hook = workers.actor.module.get_input_embeddings().register_forward_pre_hook(
+            lambda module, args: shapes.append(tuple(args[0].shape)))
+        try:
+            rollout.generate(batch, GREEDY)
+        finally:
+            hook.remove()
+        fed[share] = shapes
+    assert fed[False][0] == (16, 7)                                         # plain: every row's whole prompt
+    assert fed[True][:2] == [(4, 6), (16, 1)]                               # distinct prefixes, then each last token
+    assert len(fed[True]) == len(fed[False]) + 1                            # the decode steps are the same

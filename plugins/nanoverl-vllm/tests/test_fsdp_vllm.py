@@ -63,9 +63,10 @@ def rank_process(torchrun_pid: int, rank: int) -> int:
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp-vllm")
     one, two = tmp / "one", tmp / "two"
+    # the hf side's updates run every row whole, as FSDP's training passes do (its log-prob passes share prompts)
     result = subprocess.run([sys.executable, "-m", "nanoverl_core.cli", *ARGS, "worker.name=hf",
-                             f"trainer.output_dir={one}"], cwd=ROOT, env=env(), capture_output=True, text=True,
-                            timeout=300)
+                             "actor.share_prompts=false", f"trainer.output_dir={one}"], cwd=ROOT, env=env(),
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
 
     cmd = torchrun(*ARGS, f"trainer.output_dir={two}")

@@ -97,6 +97,10 @@ class _Sharded:
     module: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
     config: Config
+    cached_backward = False
+    """The log-prob and value passes share prompt caches ([actor] share_prompts); training passes run every
+    row whole: FSDP2 frees a unit's gathered weights after each forward, and the backward of a first
+    (prompt) forward followed by a second one before backward finds them gone."""
 
     # ---- data parallel: the hooks the core's update loop calls ------------------------------------
     @property

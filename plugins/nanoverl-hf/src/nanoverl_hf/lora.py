@@ -25,7 +25,6 @@ require grad, holds Adam state for the adapter alone.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import warnings
 from collections.abc import Iterator
@@ -129,6 +128,10 @@ class AdapterDisabled(torch.nn.Module):
     def get_output_embeddings(self):
         """The peft model's head: the core's chunked log-probs hook it, inside this forward (adapter disabled)."""
         return self.peft_model.get_output_embeddings()
+
+    def get_base_model(self):
+        """The transformers model under the adapter: the core reads its forward's keywords (logits_to_keep, cache)."""
+        return self.peft_model.get_base_model()
 
     def forward(self, *args, **kwargs):
         with self.peft_model.disable_adapter():
@@ -255,17 +258,8 @@ def load_adapter(peft_model: torch.nn.Module, state: dict[str, torch.Tensor]) ->
                                  f"{sorted(result.unexpected_keys)[:3]}; resume with the run's model.lora settings")
 
 
-def _keeps_logits(peft_model: torch.nn.Module) -> bool:
-    """peft's forward takes **kwargs and passes them on: ask the base model whether it trims logits."""
-    return "logits_to_keep" in inspect.signature(peft_model.get_base_model().forward).parameters
-
-
 class LoraActor(_AdapterCheckpoint, TorchActor):
     """A policy whose module is a peft model: adapter-only optimizer and checkpoints, merged full_tensors."""
-
-    def __init__(self, module: torch.nn.Module, config: Config, *, device: torch.device | str = "cpu", **kwargs):
-        super().__init__(module, config, device=device, **kwargs)
-        self.keeps_logits = _keeps_logits(module)
 
     @torch.no_grad()
     def compute_log_probs(self, batch):
@@ -304,6 +298,4 @@ class LoraCritic(_AdapterCheckpoint, TorchCritic):
 
 def reference_view(actor: TorchActor, cls=TorchActor, **kwargs):
     """The reference policy of a LoRA actor: `cls` (a frozen actor class) over AdapterDisabled(actor.module)."""
-    reference = cls(AdapterDisabled(actor.module), actor.config, trainable=False, device=actor.device, **kwargs)
-    reference.keeps_logits = actor.keeps_logits
-    return reference
+    return cls(AdapterDisabled(actor.module), actor.config, trainable=False, device=actor.device, **kwargs)

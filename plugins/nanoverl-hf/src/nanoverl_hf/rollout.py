@@ -5,6 +5,11 @@ the rollout generates with that very module, so it always sees the current weigh
 `sync_weights` costs nothing. Otherwise (a sharded FSDP module, say) it keeps its own copy and
 `sync_weights` loads the actor's full state dict into it.
 
+Shared prompt prefixes: GRPO repeats every prompt rollout.n times, and prefilling n copies of a prompt is
+n times the work (for ~40-token prompts and 32 new tokens, a large share of the rollout's FLOPs). So each
+micro-batch runs every distinct prompt but its last token once, copies that KV cache to the rows that
+repeat it, and lets generate continue from it (feeding each row only its last prompt token).
+
 Sampling follows the rollout.* keys only: the model's generation_config.json defaults (repetition
 penalty, top_k=50, ...) are replaced by a neutral config when the worker loads the model.
 """
@@ -16,6 +21,7 @@ import torch
 from nanoverl_core import RLBatch, SamplingParams, responses_to_batch
 from nanoverl_core.config import Config
 from nanoverl_core.rollout import stop_token_ids
+from nanoverl_core.workers import cache_keyword, forward_keyword, prompt_cache
 
 from .models import load_policy, neutral_generation_config, resolve_source
 
@@ -48,6 +54,8 @@ class HFRollout:
     def __init__(self, config: Config, workers, *, share: bool | None = None):
         """`share=None` shares the actor's module whenever that is safe; tests force either mode."""
         self.config = config
+        self.share_prefix = config.rollout.share_prompts
+        """Prefill each distinct prompt once per micro-batch (see the module docstring); False: plain generate."""
         self.tokenizer = workers.tokenizer
         actor = workers.actor
         self.device = actor.device
@@ -111,6 +119,17 @@ class HFRollout:
         self._gen_configs["cpu", params] = greedy, LogitsProcessorList([*warpers, InverseCDFSampler()])
         return self._gen_configs["cpu", params]
 
+    def _prefix_cache(self, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+        """generate's cache argument: every row's prompt but its last token in a KV cache, each distinct prompt
+        computed once (nanoverl_core.workers.prompt_cache). {} (a plain generate) when no row repeats, the
+        prompt is one column wide, or the model takes no cache."""
+        name = cache_keyword(self.module)
+        if not self.share_prefix or name is None or ids.shape[1] < 2 or len(torch.unique(ids, dim=0)) == len(ids):
+            return {}
+        cache = prompt_cache(self.module, name, ids[:, :-1], mask[:, :-1],
+                             forward_keyword(self.module, "logits_to_keep") is not None)
+        return {} if cache is None else {name: cache}
+
     @torch.no_grad()
     def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
         """One response per row, rows in order; `rollout.micro_batch_size` rows per generate call."""
@@ -129,7 +148,7 @@ class HFRollout:
                 ids = prompts[start:start + micro, first:].to(self.device)
                 mask = mask[:, first:].to(self.device)
                 out = self.module.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config,
-                                           logits_processor=processors)
+                                           logits_processor=processors, **self._prefix_cache(ids, mask))
                 responses.append(out[:, ids.shape[1]:].cpu())                    # (b, R) new tokens: one copy
         finally:
             self.module.train(was_training)
