@@ -125,12 +125,12 @@ def run_one(spec: dict) -> dict:
         module = trainer.workers.actor.module
         head, embedding = module.get_output_embeddings().weight, module.get_input_embeddings().weight
         untied = head.numel() if head.data_ptr() != embedding.data_ptr() else 0
-        flops = update_flops(params - untied, embedding.numel(), head.shape[1], head.shape[0], tokens, response)
+        def flops_of(real_tokens: float) -> float:
+            return update_flops(params - untied, embedding.numel(), head.shape[1], head.shape[0], real_tokens, response)
+        flops = flops_of(tokens)
         # shared prompts: the batch's distinct prompts (all but their last token) once, every row from there
-        executed_tokens = spec["batch"] * (prompt / samples - 1) + samples + response \
-            if trainer.workers.actor.cache_keyword is not None else tokens
-        executed = update_flops(params - untied, embedding.numel(), head.shape[1], head.shape[0], executed_tokens,
-                                response)
+        executed = flops_of(spec["batch"] * (prompt / samples - 1) + samples + response
+                            if trainer.workers.actor.cache_keyword is not None else tokens)
         gemm = gemm_gflops()
         out.update({"prompt_length_mean": round(prompt / samples, 2), "gemm_gflops_per_s": round(gemm, 1),
                     "actor_update_s_all": [round(r["timing/actor_update"], 3) for r in rows]})

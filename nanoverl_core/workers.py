@@ -223,7 +223,7 @@ class _TorchWorker:
             return plain, width
         if not self.prompts_checked:
             self.prompts_checked = True
-            if not self._prompt_cache_agrees(plain, split, width):
+            if not self._prompt_cache_agrees(plain, keep, split, width):
                 self.cache_keyword = None
                 return plain, width
         return self._continue_from_prompts(ids, mask, pos, split, keep), width
@@ -237,13 +237,12 @@ class _TorchWorker:
                                            "use_cache": True, **keep}
 
     @torch.no_grad()
-    def _prompt_cache_agrees(self, plain: dict[str, Any], split: int, width: int) -> bool:
+    def _prompt_cache_agrees(self, plain: dict[str, Any], keep: dict, split: int, width: int) -> bool:
         """Before the first cached pass: on two rows, the outputs through the cache equal the plain
         pass's (a model that drops or misreads the cache would otherwise be wrong silently). It depends
         only on the model, and every FSDP rank takes the same decision (each forward is a collective)."""
         few = {key: value[:2] if torch.is_tensor(value) else value for key, value in plain.items()}
-        cached = self._continue_from_prompts(few["input_ids"], few["attention_mask"], few["position_ids"], split,
-                                             {key: few[key] for key in few if key == "logits_to_keep"})
+        cached = self._continue_from_prompts(few["input_ids"], few["attention_mask"], few["position_ids"], split, keep)
         expected = self.module(**few).logits[:, -width - 1:]
         got = self.module(**cached).logits[:, -width - 1:] if cached is not None else None
         tol = 1e-3 if expected.dtype in (torch.float32, torch.float64) else 5e-2     # bf16 / fp16 rounding

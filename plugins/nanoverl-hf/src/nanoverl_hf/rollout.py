@@ -70,6 +70,8 @@ class HFRollout:
             self.module.requires_grad_(False)
             self.sync_weights(actor)
         self.eos_token_ids = stop_token_ids(self.tokenizer, self.module)
+        self.cache_keyword = cache_keyword(self.module)                    # None: the model takes no KV cache
+        self.keeps_logits = forward_keyword(self.module, "logits_to_keep") is not None
         self._gen_configs: dict[SamplingParams, object] = {}
 
     def sync_weights(self, actor) -> None:
@@ -123,11 +125,10 @@ class HFRollout:
         """generate's cache argument: every row's prompt but its last token in a KV cache, each distinct prompt
         computed once (nanoverl_core.workers.prompt_cache). {} (a plain generate) when no row repeats, the
         prompt is one column wide, or the model takes no cache."""
-        name = cache_keyword(self.module)
+        name = self.cache_keyword
         if not self.share_prefix or name is None or ids.shape[1] < 2 or len(torch.unique(ids, dim=0)) == len(ids):
             return {}
-        cache = prompt_cache(self.module, name, ids[:, :-1], mask[:, :-1],
-                             forward_keyword(self.module, "logits_to_keep") is not None)
+        cache = prompt_cache(self.module, name, ids[:, :-1], mask[:, :-1], self.keeps_logits)
         return {} if cache is None else {name: cache}
 
     @torch.no_grad()
