@@ -1,6 +1,7 @@
 """Contract checks for backend authors: call them from your plugin's tests.
 
     from nanoverl_core.testing import check_actor, check_rollout, check_same_run, prompt_batch
+    from nanoverl_core.testing import assert_same_adam_step        # two updates that should agree
 
     batch = prompt_batch(workers.tokenizer, ["12=", "345="], n=2)
     batch.update(check_rollout(rollout, batch, max_new_tokens=4))    # returns one sampled output
@@ -113,6 +114,40 @@ def check_actor(actor: Actor, batch: RLBatch) -> None:
         local = state[name]
         shape = local.full_tensor().shape if hasattr(local, "full_tensor") else local.shape
         assert tensor.shape == shape and not hasattr(tensor, "full_tensor"), f"{name}: full_tensors must be unsharded"
+
+
+def assert_same_adam_step(got: dict, want: dict, grads_got: dict, grads_want: dict, *, grad_rtol: float = 1e-5,
+                          grad_atol: float = 1e-6, atol: float = 1e-6, clear: float = 1e-6,
+                          min_compared: float = 0.9) -> None:
+    """Two updates of the same start that should agree (two code paths, or two backends): the optimizer's
+    inputs (`grads_*`, name -> gradient as the optimizer saw it) to grad_rtol / grad_atol everywhere, and
+    its outputs (`got` / `want`, name -> parameter after the step) to `atol` wherever the step is well
+    conditioned.
+
+    Adam's first step is lr * g / (|g| + eps): its derivative lr * eps / (|g| + eps)^2 is ~1/eps times
+    larger at |g| ~ eps (1e-8) than at |g| = 1e-6, so float rounding of a near-zero gradient (summation
+    order, thread count, CPU) legitimately moves that parameter by up to ~lr. Those elements are left out
+    of the parameter comparison: compared are the elements whose gradient is above `clear` (1e-6, where a
+    1e-5 relative rounding moves the step by at most ~1e-10 * lr / 1e-6) and those whose two gradients are
+    bitwise equal (the same input gives the same step). At least `min_compared` of all elements must be
+    compared, so the check cannot pass by comparing nothing."""
+    assert got.keys() == want.keys(), f"parameters differ: {sorted(got.keys() ^ want.keys())}"
+    assert grads_got.keys() == grads_want.keys(), f"gradients differ: {sorted(grads_got.keys() ^ grads_want.keys())}"
+    compared = total = 0
+    for name in want:
+        if name not in grads_want:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+            compared, total = compared + want[name].numel(), total + want[name].numel()
+            continue
+        g_got, g_want = grads_got[name], grads_want[name]
+        torch.testing.assert_close(g_got, g_want, rtol=grad_rtol, atol=grad_atol,
+                                   msg=lambda m, name=name: f"{name} gradient: {m}")
+        clean = (g_want.abs() > clear) | (g_got == g_want)
+        torch.testing.assert_close(got[name][clean], want[name][clean], rtol=0, atol=atol,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+        compared, total = compared + int(clean.sum()), total + clean.numel()
+    assert total and compared / total >= min_compared, \
+        f"only {compared} of {total} parameter elements have a well-conditioned step: compare a larger update"
 
 
 def check_same_run(reference: Path, other: Path, *, atol: float = 1e-5, rtol: float = 1e-5) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,11 +24,16 @@ def train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(importlib.util.find_spec("nanoverl_grpo") is None, reason="needs nanoverl-grpo")
 def test_tiny_grpo_reward_rises(tmp_path):
-    """100 GRPO steps of the quickstart config (~20 s on one thread): the mean reward at least doubles."""
+    """100 GRPO steps of the quickstart config (~20 s on one thread): the mean reward at least doubles, and
+    the output ends with the step line of the form the README's Quickstart shows (not a terminal: one line
+    per step, nothing after the last)."""
     run = train("--config", "examples/configs/tiny_grpo.toml", "trainer.total_steps=100",
                 f"trainer.output_dir={tmp_path / 'run'}", "trainer.val_every=100", "trainer.save_every=0",
-                "trainer.progress=none", "tracking.trackers=[jsonl]")
+                "tracking.trackers=[console,jsonl]")
     assert run.returncode == 0, run.stderr[-3000:]
+    last = run.stdout.rstrip("\n").splitlines()[-1]
+    assert re.fullmatch(r"step 100/100 reward/mean=\S+ val/reward/mean=\S+ actor/pg_loss=\S+ "
+                        r"rollout/response_length/mean=\S+ time_left=0s", last), last
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rewards = [row["reward/mean"] for row in rows]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10

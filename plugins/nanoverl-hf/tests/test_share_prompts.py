@@ -12,6 +12,7 @@ import torch
 from conftest import prompt_batch, with_responses
 
 from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.testing import assert_same_adam_step
 from nanoverl_hf.workers import make_workers
 
 N = 3                                     # samples per prompt
@@ -74,17 +75,11 @@ def test_log_probs_entropy_gradients_and_an_update_equal_the_plain_pass(tiny_dir
     torch.testing.assert_close(lp1[mask], lp0[mask], rtol=0, atol=1e-5)
     torch.testing.assert_close(ent1[mask], ent0[mask], rtol=0, atol=1e-5)
     torch.testing.assert_close(old1, old0, rtol=0, atol=1e-5)
-    for name in g0:
-        torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-6, msg=name)
     assert m0.keys() == m1.keys()
     for key in m0:
         assert m1[key] == pytest.approx(m0[key], rel=1e-4, abs=1e-6), key
-    for name in p0:
-        # Adam's first step is lr * g / (|g| + eps): an element whose gradient is ~1e-8 (as small as eps) turns
-        # 1e-4 relative rounding of it into a different step, so compare where the gradient is above 1e-6
-        moved = g0[name].abs() > 1e-6
-        assert moved.float().mean() > 0.9, name
-        torch.testing.assert_close(p1[name][moved], p0[name][moved], rtol=0, atol=1e-6, msg=name)
+    # gradients everywhere, parameters where Adam's step is well conditioned (see its docstring)
+    assert_same_adam_step(p1, p0, g1, g0, grad_rtol=1e-4)
 
 
 def test_values_and_the_critic_update_equal_the_plain_pass(tiny_dir, make_config):
