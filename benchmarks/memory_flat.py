@@ -132,6 +132,7 @@ def update_actor(spec: dict, chunk: int):
                      "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
                      "responses": torch.randint(3, vocab, (rows, response), generator=g),
                      "response_mask": torch.ones(rows, response),
+                     "loss_mask": torch.ones(rows, response),
                      "advantages": torch.randn(rows, response, generator=g)})
     return actor, batch
 

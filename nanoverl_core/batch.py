@@ -9,7 +9,12 @@ Tensor keys used by the trainer (B = rows, P = prompt length, R = response lengt
     prompts            (B, P) int64   left-padded prompt token ids
     prompt_mask        (B, P) int64   1 on real prompt tokens
     responses          (B, R) int64   right-padded response token ids
-    response_mask      (B, R) float   1 on response tokens up to and including EOS
+    response_mask      (B, R) float   1 on every token the rollout produced, up to and including EOS;
+                                      set by the rollout, never changed after it
+    truncated          (B,)   bool    the row ended without a stop token (the rollout reports it)
+    loss_mask          (B, R) float   1 on the tokens the losses, normalisers, estimators and update
+                                      metrics count: response_mask narrowed by named trainer stages
+                                      (algorithm.mask_truncated, rollout-correction rejection)
     old_log_probs      (B, R) float   log pi_old(response token) under the policy before the update
     ref_log_probs      (B, R) float   the same under the reference policy
     values             (B, R) float   critic values

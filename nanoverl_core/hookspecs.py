@@ -80,8 +80,8 @@ def register_advantage_estimators(register: Register) -> None:
     ``[algorithm.<name>]``.
 
     obj: ``fn(batch: RLBatch, config: AlgorithmConfig) -> (advantages, returns)``, both ``(B, R)``
-    float tensors, zero on padded positions. It reads ``token_level_rewards``, ``response_mask``,
-    ``values`` (when a critic runs) and the non-tensor ``uid`` (rows sharing a uid come from one
+    float tensors, zero on padded positions. It reads ``token_level_rewards``, ``loss_mask`` (the
+    tokens that count: the rollout's ``response_mask`` less truncated or rejected ones), ``values`` (when a critic runs) and the non-tensor ``uid`` (rows sharing a uid come from one
     prompt). Set ``fn.requires_critic = True`` if it reads ``values``; its own settings are
     ``config.settings``.
     """

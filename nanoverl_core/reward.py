@@ -20,9 +20,9 @@ either stops the run naming the row (`reward.on_error = "raise"`, exit 2) or sco
 in `reward/errors` (`reward/timeouts`, `reward/crashes`) (`"zero"`); either way the row, the
 response and the error go to `reward_errors.jsonl` in the run directory.
 
-The training stage (`score_batch`) also applies DAPO's overlong handling: the soft length penalty
-(`reward.overlong_buffer_len`) and masking truncated responses out of the loss
-(`algorithm.mask_truncated`), and logs the truncated share as `rollout/truncated_frac`.
+The training stage (`score_batch`) also applies DAPO's soft overlong penalty
+(`reward.overlong_buffer_len`); masking truncated responses out of the loss (`algorithm.mask_truncated`)
+is the trainer's loss-mask stage, from the rollout's own `truncated` flags.
 """
 
 from __future__ import annotations
@@ -70,13 +70,6 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, facto
     return torch.clamp(-exceed / buffer_len * factor, max=0.0)
 
 
-def truncated_rows(batch: RLBatch, max_new_tokens: int, stop_ids: list[int]) -> torch.Tensor:
-    """(B,) bool: responses cut at max_new_tokens (their last token is none of `stop_ids`)."""
-    lengths = batch["response_mask"].sum(-1).long()
-    last = batch["responses"].gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
-    return (lengths >= max_new_tokens) & ~torch.isin(last, torch.tensor(stop_ids, dtype=last.dtype))
-
-
 class _Timeout(Exception):
     pass
 
@@ -89,8 +82,8 @@ class RewardScorer:
     """Scores (B,) for a batch's responses under reward.on_error, with the metrics of each call."""
 
     def __init__(self, cfg: RewardConfig, registry: Registry, *, run_dir: str | Path | None = None,
-                 max_new_tokens: int = 0, mask_truncated: bool = False):
-        self.cfg, self.max_new_tokens, self.mask_truncated = cfg, max_new_tokens, mask_truncated
+                 max_new_tokens: int = 0):
+        self.cfg, self.max_new_tokens = cfg, max_new_tokens
         self.specs, self.fns = [], []
         for i, spec in enumerate(component_specs(cfg)):  # loaded here too: a bad name or file fails at once
             if spec.file:
@@ -240,29 +233,21 @@ class RewardScorer:
                                     "prompt": batch["prompt_text"][i], "response": texts[i],
                                     "row": batch["row"][i]}, default=str) + "\n")
 
-    def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None,
-                    stop_ids: list[int] | None = None) -> tuple[RLBatch, dict[str, float]]:
+    def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None) -> tuple[RLBatch, dict[str, float]]:
         """The trainer's reward stage: response_text, score (B,) and token_level_scores (B, R), each score on
-        its row's last response token; with the overlong penalty added, and with algorithm.mask_truncated a
-        response_mask without the truncated rows (their scores stay, so group baselines still see them).
-        `stop_ids`: the ids that end a response (rollout.stop_token_ids; default the tokenizer's EOS)."""
+        its row's last response token, with the overlong penalty (reward.overlong_buffer_len) added."""
         texts = decode_responses(tokenizer, batch)
         scores, metrics = self.score(batch, texts, phase="train", step=step)
-        mask, tensors = batch["response_mask"], {}
-        if self.max_new_tokens:
-            truncated = truncated_rows(batch, self.max_new_tokens, stop_ids or [tokenizer.eos_token_id])
-            metrics["rollout/truncated_frac"] = float(truncated.float().mean())
-            if self.cfg.overlong_buffer_len:
-                penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,
-                                           self.cfg.overlong_penalty_factor)
-                scores = scores + penalty
-                metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
-            if self.mask_truncated:
-                tensors["response_mask"] = mask * (~truncated).to(mask.dtype)[:, None]
+        mask = batch["response_mask"]
+        if self.max_new_tokens and self.cfg.overlong_buffer_len:
+            penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,
+                                       self.cfg.overlong_penalty_factor)
+            scores = scores + penalty
+            metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
         metrics["reward/mean"] = float(scores.mean())
         metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        tensors.update(score=scores, token_level_scores=place_scores(scores, mask))
-        return RLBatch(tensors, {"response_text": texts}), metrics
+        return RLBatch({"score": scores, "token_level_scores": place_scores(scores, mask)},
+                       {"response_text": texts}), metrics
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,10 @@ A rollout plugin registers ``make_rollout(config, workers) -> Rollout`` (``nanov
 The trainer hands it a batch whose rows are already repeated ``rollout.n`` times (rows of one prompt share a ``uid``) and holding
 ``prompts`` / ``prompt_mask`` (left-padded, ``(B, P)``). ``generate`` returns a batch with the same
 rows in the same order holding ``responses`` and ``response_mask`` (``(B, R)``, right-padded; the mask
-covers tokens up to and including EOS), built with ``responses_to_batch`` so every engine builds them
-the same way, and optionally ``rollout_log_probs``.
+covers every token the rollout produced, up to and including EOS, and keeps that meaning for the whole
+step), ``truncated`` (``(B,)`` bool: the row ended without a stop token), built with
+``responses_to_batch`` so every engine builds them the same way, and optionally ``rollout_log_probs``.
+Which tokens the losses count is the trainer's ``loss_mask``, not the rollout's.
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ def stop_token_ids(tokenizer, module=None) -> list[int]:
 def responses_to_batch(responses: Sequence[Sequence[int]] | torch.Tensor, *, eos_token_id: int | Sequence[int],
                        pad_token_id: int, max_new_tokens: int,
                        log_probs: Sequence[Sequence[float]] | None = None) -> RLBatch:
-    """Right-pad generated token lists into ``responses`` / ``response_mask`` (B, R).
+    """Right-pad generated token lists into ``responses`` / ``response_mask`` (B, R) and ``truncated`` (B,).
 
-    Each list is cut after its first EOS (kept, and covered by the mask) and at ``max_new_tokens``.
+    Each list is cut after its first EOS (kept, and covered by the mask) and at ``max_new_tokens``; a
+    row whose kept tokens hold no EOS is ``truncated`` (cut at the budget, or stopped by the engine).
     R is the longest kept response, so a batch that stopped early is not padded to the budget.
     ``responses`` may also be a (B, R) tensor of generated ids (whatever follows an EOS is ignored).
     """
@@ -62,17 +65,19 @@ def responses_to_batch(responses: Sequence[Sequence[int]] | torch.Tensor, *, eos
     if isinstance(responses, torch.Tensor) and log_probs is None and responses.shape[1] > 0:
         return _tensor_responses_to_batch(responses, eos, pad_token_id, max_new_tokens)
     kept: list[list[int]] = []
+    truncated: list[bool] = []
     for tokens in responses:
         tokens = list(tokens)[:max_new_tokens]
         stop = next((i for i, tok in enumerate(tokens) if tok in eos), None)
         kept.append(tokens if stop is None else tokens[: stop + 1])
+        truncated.append(stop is None)
     width = max(1, max(len(t) for t in kept))
     ids = torch.full((len(kept), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(kept), width), dtype=torch.float32)
     for row, tokens in enumerate(kept):
         ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         mask[row, : len(tokens)] = 1.0
-    out = RLBatch({"responses": ids, "response_mask": mask})
+    out = RLBatch({"responses": ids, "response_mask": mask, "truncated": torch.tensor(truncated, dtype=torch.bool)})
     if log_probs is not None:
         lp = torch.zeros((len(kept), width), dtype=torch.float32)
         for row, (tokens, values) in enumerate(zip(kept, log_probs)):
@@ -86,11 +91,12 @@ def _tensor_responses_to_batch(responses: torch.Tensor, eos: set[int], pad_token
     """responses_to_batch for a (B, R) tensor of generated ids, without a Python loop over rows."""
     ids = responses[:, :max_new_tokens].cpu()
     is_eos = torch.isin(ids, torch.tensor(sorted(eos), dtype=ids.dtype))
-    lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, ids.shape[1])   # (B,) up to the first EOS
+    ended = is_eos.any(-1)                                                                 # (B,)
+    lengths = torch.where(ended, is_eos.int().argmax(-1) + 1, ids.shape[1])               # (B,) up to the first EOS
     width = max(1, int(lengths.max()))
     mask = torch.arange(width) < lengths[:, None]                                          # (B, width)
     ids = torch.where(mask, ids[:, :width], torch.full_like(ids[:, :width], pad_token_id))
-    return RLBatch({"responses": ids.long(), "response_mask": mask.float()})
+    return RLBatch({"responses": ids.long(), "response_mask": mask.float(), "truncated": ~ended})
 
 
 def decode_responses(tokenizer, batch: RLBatch) -> list[str]:

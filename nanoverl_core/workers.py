@@ -279,7 +279,7 @@ class _TorchWorker:
         """Yield (micro-batches, normalisers) per mini-batch; the split is deterministic, so runs are reproducible."""
         rows_per_prompt = self.config.rollout.n
         for mini in batch.split(mini_prompts * rows_per_prompt // self.dp_size or len(batch)):
-            mask = mini["response_mask"]
+            mask = mini["loss_mask"]
             # normalisers count the whole mini-batch (all ranks), so micro-batch losses sum to its loss
             norms = {"num_tokens": float(self.global_sum(mask.sum())),
                      "num_seqs": float(self.global_sum((mask.sum(-1) > 0).sum().float()))}
@@ -455,7 +455,7 @@ class TorchActor(_TorchWorker):
         self.module.train()
 
         def loss_of(mb: RLBatch, norms: dict[str, float]):
-            mask = mb["response_mask"].to(self.device)
+            mask = mb["loss_mask"].to(self.device)
             log_prob, entropy = self.forward(mb, with_entropy=cfg.entropy_coeff != 0)
             old = log_prob.detach() if on_policy else mb["old_log_probs"].to(self.device)
             weights = mb["rollout_is_weights"].to(self.device) if "rollout_is_weights" in mb else None
@@ -503,7 +503,7 @@ class TorchCritic(_TorchWorker):
 
         def loss_of(mb: RLBatch, norms: dict[str, float]):
             return compute_value_loss(self.forward(mb), mb["returns"].to(self.device), mb["values"].to(self.device),
-                                      mb["response_mask"].to(self.device), cliprange_value=cfg.cliprange_value,
+                                      mb["loss_mask"].to(self.device), cliprange_value=cfg.cliprange_value,
                                       loss_agg_mode=cfg.loss_agg_mode, **norms)
 
         steps = []

@@ -47,11 +47,11 @@ def test_gae_lam_zero_is_one_step_td_error():
 
 
 def _batch(**tensors):
-    return RLBatch.from_dict(tensors, non_tensors={"uid": [f"p{i}" for i in range(len(tensors["response_mask"]))]})
+    return RLBatch.from_dict(tensors, non_tensors={"uid": [f"p{i}" for i in range(len(tensors["loss_mask"]))]})
 
 
 def test_gae_adapter_whitens_only_when_asked():
-    batch = _batch(token_level_rewards=REWARDS, values=VALUES, response_mask=MASK)
+    batch = _batch(token_level_rewards=REWARDS, values=VALUES, loss_mask=MASK)
     adv, ret = gae(batch, AlgorithmConfig(gamma=0.5, lam=0.5))
     close(adv, [[-0.25, -1.0, -2.0, 0.0], [-0.25, 0.0, -1.0, -2.0]])
     # whitened over the 6 valid advantages (-0.25, -1, -2 twice): mean -13/12, unbiased std 0.785281
@@ -71,7 +71,7 @@ def test_reinforce_plus_plus_discounted_returns_whitened_over_valid_tokens():
     adv, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
     close(ret, [[0.25, 0.5, 1.0, 0.0], [1.0, 2.0, 0.0, 0.0]])
     close(adv, [[-1.043498, -0.670820, 0.074536, 0.0], [0.074536, 1.565248, 0.0, 0.0]])
-    batch = _batch(token_level_rewards=rewards, response_mask=mask)
+    batch = _batch(token_level_rewards=rewards, loss_mask=mask)
     adv_b, ret_b = reinforce_plus_plus(batch, AlgorithmConfig(gamma=0.5))
     close(adv_b, adv)
     close(ret_b, ret)

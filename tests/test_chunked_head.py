@@ -211,6 +211,7 @@ def _batch(tokenizer):
     batch["responses"] = torch.randint(3, 40, (4, 6), generator=g)
     batch["response_mask"] = (torch.arange(6)[None] < torch.tensor(lengths)[:, None]).float()
     batch["advantages"] = torch.randn(4, 6, generator=g) * batch["response_mask"]
+    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
     return batch
 
 

@@ -10,7 +10,7 @@ import attrs
 import pytest
 import torch
 
-from conftest import EXAMPLES, ROOT, assert_user_error, run_cli
+from conftest import EXAMPLES, ROOT, assert_user_error, replay_steps, run_cli
 from nanoverl_core import RLBatch, load_config, load_registry
 from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss
 from nanoverl_core.algos.losses import vanilla
@@ -108,8 +108,9 @@ def test_actor_loss_adds_entropy_and_kl_terms_to_the_policy_loss():
         "actor/pg_loss": 0.5, "actor/entropy": 3.0, "actor/kl_loss": -0.25, "actor/loss": 0.075}
 
 
-def _update(micro_batch_size: int, ppo_epochs: int = 2):
-    """One actor update of the debug worker on a fixed batch: (each optimizer step's gradients, metrics)."""
+def _update(micro_batch_size: int, ppo_epochs: int = 2, replay: list | None = None):
+    """One actor update of the debug worker on a fixed batch: (each optimizer step's gradients, metrics,
+    the parameters after each step); `replay` (another _update's parameters) takes each step from those."""
     overrides = [f"actor.micro_batch_size={micro_batch_size}", f"actor.ppo_epochs={ppo_epochs}", "data.batch_size=4",
                  "rollout.n=4", "actor.entropy_coeff=0.01", "actor.lr=1e-2", "reference.enable=true",
                  "actor.use_kl_loss=true", "critic.micro_batch_size=0", "actor.mini_batch_size=2"]
@@ -123,14 +124,16 @@ def _update(micro_batch_size: int, ppo_epochs: int = 2):
     batch["old_log_probs"] = workers.actor.compute_log_probs(batch) + 0.3 * torch.randn(mask.shape, generator=g) * mask
     batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)
     batch["advantages"] = torch.randn(mask.shape, generator=g) * mask
-    grads, step = [], workers.actor.clip_and_step
+    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    grads, params, step = [], [], workers.actor.clip_and_step
+    replay_steps(workers.actor, params, replay)
 
     def recording_step(nonfinite):  # the accumulated gradient each optimizer step applies
         grads.append({n: p.grad.clone() for n, p in workers.actor.module.named_parameters() if p.grad is not None})
         return step(nonfinite)
 
     workers.actor.clip_and_step = recording_step
-    return grads, workers.actor.update(batch, vanilla)
+    return grads, workers.actor.update(batch, vanilla), params
 
 
 def _sampling(cfg):
@@ -141,10 +144,11 @@ def _sampling(cfg):
 def test_micro_batches_change_neither_the_gradients_nor_the_metrics():
     """Each micro-batch metric is its share of the mini-batch's value, so the logged numbers do not
     depend on micro_batch_size (before: pg_loss and kl_loss were divided by the micro-batch count).
-    Gradients are compared rather than parameters: Adam's first steps move each weight by about lr
+    Gradients are compared rather than parameters, each step's from the same weights (the split run
+    replays the whole run's, conftest.replay_steps): Adam's first steps move each weight by about lr
     whatever its gradient's size, so float rounding on a near-zero gradient would dominate."""
-    whole_grads, whole = _update(micro_batch_size=0)
-    split_grads, split = _update(micro_batch_size=2)
+    whole_grads, whole, params = _update(micro_batch_size=0)
+    split_grads, split, _ = _update(micro_batch_size=2, replay=params)
     assert whole.keys() == split.keys()
     assert {"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl"} <= whole.keys()
     for key in whole:
@@ -161,6 +165,7 @@ def test_the_on_policy_shortcut_is_an_explicit_flag_that_needs_a_single_step():
     batch = prompt_batch(workers.tokenizer, ["12="], n=2)
     batch.update(make_rollout(cfg, workers).generate(batch, _sampling(cfg)))
     batch["advantages"] = batch["response_mask"].clone()
+    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
     with pytest.raises(ValueError, match="exactly one optimizer step"):
         workers.actor.update(batch, vanilla, on_policy=True)
 

@@ -1,5 +1,6 @@
 """Hand-computed numbers for the unbiased pass@k estimator and DAPO's overlong handling (soft length
-penalty, truncated responses masked out of the loss), and both through the real CLI."""
+penalty, truncated responses masked out of the loss: the rollout reports `truncated`, the trainer's
+loss-mask stage narrows `loss_mask`, `response_mask` stays as sampled), and both through the real CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from nanoverl_core.batch import RLBatch
 from nanoverl_core.builtins.debug import CharTokenizer
 from nanoverl_core.config import RewardConfig
 from nanoverl_core.plugins import load_registry
-from nanoverl_core.reward import RewardScorer, overlong_penalty, truncated_rows
+from nanoverl_core.reward import RewardScorer, overlong_penalty
+from nanoverl_core.rollout import responses_to_batch
+from nanoverl_core.trainer.trainer import loss_mask
 from nanoverl_core.trainer.validation import pass_at_k, pass_ks
 
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
@@ -40,37 +43,47 @@ def test_overlong_penalty_is_dapos_soft_punishment():
     assert overlong_penalty(torch.tensor([4]), 4, 2, 1.0).tolist() == [-1.0]            # verl's own test case
 
 
-def _batch(tokens: list[list[int]], width: int = 4) -> RLBatch:
-    ids = torch.zeros((len(tokens), width), dtype=torch.long)
-    mask = torch.zeros((len(tokens), width))
-    for i, row in enumerate(tokens):
-        ids[i, :len(row)], mask[i, :len(row)] = torch.tensor(row), 1.0
+def _batch(tokens: list[list[int]], eos: list[int], max_new_tokens: int = 4) -> RLBatch:
+    """The rollout's output for `tokens` (responses_to_batch, as every rollout builds it), with prompt rows."""
     n = len(tokens)
-    return RLBatch({"responses": ids, "response_mask": mask},
-                   {"prompt_text": ["1="] * n, "row": [{"target": "22"}] * n, "index": list(range(n)),
-                    "data_source": ["d"] * n})
+    batch = responses_to_batch(tokens, eos_token_id=eos, pad_token_id=0, max_new_tokens=max_new_tokens)
+    batch.update(RLBatch(non_tensors={"prompt_text": ["1="] * n, "row": [{"target": "22"}] * n,
+                                      "index": list(range(n)), "data_source": ["d"] * n}))
+    return batch
 
 
-def test_score_batch_applies_the_penalty_and_masks_truncated_rows_keeping_their_scores():
+def test_the_rollout_reports_truncated_rows_from_its_own_stop_ids():
     tok = CharTokenizer()
     two, eos = tok.vocab["2"], tok.eos_token_id
-    # lengths 2 (EOS), 3 (EOS), 4 without EOS (cut), 4 ending in EOS (finished on the last token)
-    batch = _batch([[two, eos], [two, two, eos], [two, two, two, two], [two, two, two, eos]])
-    assert truncated_rows(batch, 4, [eos]).tolist() == [False, False, True, False]
-    assert truncated_rows(batch, 4, [eos, two]).tolist() == [False, False, False, False]  # a second stop id (<|im_end|>)
+    # lengths 2 (EOS), 3 (EOS), 4 without EOS (cut), 4 ending in EOS (finished on the last token), 6 cut at 4
+    rows = [[two, eos], [two, two, eos], [two] * 4, [two, two, two, eos], [two] * 6]
+    assert _batch(rows, [eos])["truncated"].tolist() == [False, False, True, False, True]
+    assert _batch(rows, [eos, two])["truncated"].tolist() == [False] * 5      # a second stop id (<|im_end|>)
+    ids = torch.tensor([[two, eos, 0, 0, 0, 0], [two, two, eos, 0, 0, 0], [two] * 4 + [0, 0],
+                        [two, two, two, eos, 0, 0], [two] * 6])
+    tensor = responses_to_batch(ids, eos_token_id=eos, pad_token_id=0, max_new_tokens=4)   # the tensor path
+    assert tensor["truncated"].tolist() == [False, False, True, False, True]
+    assert torch.equal(tensor["response_mask"], _batch(rows, [eos])["response_mask"])
+
+
+def test_score_batch_applies_the_penalty_and_the_loss_mask_drops_truncated_rows_keeping_their_scores():
+    tok = CharTokenizer()
+    two, eos = tok.vocab["2"], tok.eos_token_id
+    batch = _batch([[two, eos], [two, two, eos], [two, two, two, two], [two, two, two, eos]], [eos])
+    sampled = batch["response_mask"].clone()
     cfg = RewardConfig(name="exact_match", workers=0, overlong_buffer_len=2, overlong_penalty_factor=1.0)
-    scorer = RewardScorer(cfg, load_registry(), max_new_tokens=4, mask_truncated=True)
-    out, metrics = scorer.score_batch(batch, tok)
+    out, metrics = RewardScorer(cfg, load_registry(), max_new_tokens=4).score_batch(batch, tok)
     assert out["response_text"] == ["2", "22", "2222", "222"]
     # exact_match: 0, 1, 0, 0; penalty over the last 2 of 4 tokens: 0, -0.5, -1, -1 (length, as verl)
-    assert out["score"].tolist() == [0.0, 0.5, -1.0, -1.0]
-    assert metrics["rollout/truncated_frac"] == 0.25 and metrics["reward/overlong_penalty/mean"] == -0.625
-    assert out["response_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+    assert out["score"].tolist() == [0.0, 0.5, -1.0, -1.0] and metrics["reward/overlong_penalty/mean"] == -0.625
+    assert "response_mask" not in out and "loss_mask" not in out           # the reward stage changes no mask
     assert out["token_level_scores"][2].tolist() == [0.0, 0.0, 0.0, -1.0]  # still there for group baselines
+    batch.update(out)
+    assert loss_mask(batch, True).tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+    assert torch.equal(loss_mask(batch, False), sampled) and torch.equal(batch["response_mask"], sampled)
     plain, metrics = RewardScorer(RewardConfig(name="exact_match", workers=0), load_registry(),
                                   max_new_tokens=4).score_batch(batch, tok)
-    assert plain["score"].tolist() == [0.0, 1.0, 0.0, 0.0] and "response_mask" not in plain
-    assert "reward/overlong_penalty/mean" not in metrics and metrics["rollout/truncated_frac"] == 0.25
+    assert plain["score"].tolist() == [0.0, 1.0, 0.0, 0.0] and "reward/overlong_penalty/mean" not in metrics
 
 
 def test_overlong_handling_and_pass_at_k_through_the_cli(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import EXAMPLES, assert_user_error, run_cli
+from conftest import EXAMPLES, assert_user_error, replay_steps, run_cli
 from nanoverl_core import SamplingParams, load_config
 from nanoverl_core.algos import LOSS_AGG_MODES
 from nanoverl_core.algos.losses import vanilla
@@ -43,8 +43,9 @@ def _setup(mode: str, *limits: str):
     return cfg, workers, batch
 
 
-def _run(mode: str, *limits: str):
-    """Log-probs, values, each optimizer step's gradients and the metrics of one actor and critic update."""
+def _run(mode: str, *limits: str, replay: dict | None = None):
+    """Log-probs, values, each optimizer step's gradients, the metrics of one actor and critic update, and
+    the parameters after each step; `replay` (another _run's parameters) takes each step from those."""
     cfg, workers, batch = _setup(mode, *limits)
     g = torch.Generator().manual_seed(0)
     mask = batch["response_mask"]
@@ -53,9 +54,11 @@ def _run(mode: str, *limits: str):
     batch["old_log_probs"] = log_probs + 0.3 * torch.randn(mask.shape, generator=g) * mask
     batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)
     batch["advantages"] = torch.randn(mask.shape, generator=g) * mask
+    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
     batch["values"], batch["returns"] = values, torch.randn(mask.shape, generator=g) * mask
-    grads = []
-    for worker in (workers.actor, workers.critic):
+    grads, params = [], {"actor": [], "critic": []}
+    for name, worker in (("actor", workers.actor), ("critic", workers.critic)):
+        replay_steps(worker, params[name], replay and replay[name])
         step = worker.clip_and_step
 
         def recording(nonfinite, worker=worker, step=step):
@@ -63,13 +66,15 @@ def _run(mode: str, *limits: str):
             return step(nonfinite)
         worker.clip_and_step = recording
     metrics = {**workers.critic.update(batch), **workers.actor.update(batch, vanilla)}
-    return log_probs, values, grads, metrics
+    return log_probs, values, grads, metrics, params
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_a_token_budget_gives_the_fixed_splits_gradients_and_metrics(mode):
     fixed = _run(mode, "actor.micro_batch_size=2", "critic.micro_batch_size=2")
-    budget = _run(mode, "actor.max_tokens_per_micro_batch=24", "critic.max_tokens_per_micro_batch=20")
+    # each step from the fixed split's weights: the gradients compare step by step (conftest.replay_steps)
+    budget = _run(mode, "actor.max_tokens_per_micro_batch=24", "critic.max_tokens_per_micro_batch=20",
+                  replay=fixed[4])
     for a, b in zip(fixed[:2], budget[:2]):                     # log-probs and values, rows back in order
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
     assert len(fixed[2]) == len(budget[2]) == 2 * 2 + 2          # actor: 2 epochs x 2 mini-batches; critic: 2

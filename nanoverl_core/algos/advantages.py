@@ -1,6 +1,7 @@
 """Core advantage estimators: GAE (needs a critic) and REINFORCE++ (does not).
 
-Shapes: B = rows, R = response length. `response_mask` (B, R) is 1 on valid response tokens. A 0
+Shapes: B = rows, R = response length. `response_mask` (B, R) is 1 on the tokens that count (the
+adapters pass the batch's `loss_mask`; the tensor functions keep verl's parameter names). A 0
 between valid tokens (e.g. a tool observation inside a multi-turn response) is skipped: the
 recursion carries over it as if it were not there. Outputs are 0 on every masked position.
 
@@ -84,7 +85,7 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Ten
 def gae(batch: RLBatch, config: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE with config.gamma / config.lam; whitens advantages over valid tokens when
     config.whiten_advantages (returns are never whitened: they are the critic's targets)."""
-    mask = batch["response_mask"]
+    mask = batch["loss_mask"]
     advantages, returns = compute_gae_advantage_return(batch["token_level_rewards"], batch["values"], mask,
                                                        gamma=config.gamma, lam=config.lam)
     if config.whiten_advantages:
@@ -97,5 +98,5 @@ gae.requires_critic = True
 
 def reinforce_plus_plus(batch: RLBatch, config: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with config.gamma; advantages are always whitened (part of the method)."""
-    return compute_reinforce_plus_plus_outcome_advantage(batch["token_level_rewards"], batch["response_mask"],
+    return compute_reinforce_plus_plus_outcome_advantage(batch["token_level_rewards"], batch["loss_mask"],
                                                          gamma=config.gamma)

@@ -1,7 +1,8 @@
 """Actor and critic losses: token losses, how they become one number (agg_loss), and the total actor loss.
 
-Shapes: B = rows of this (micro-)batch, R = response length. `response_mask` (B, R) is 1 on valid
-response tokens; padded positions never contribute to a loss, a gradient or a metric.
+Shapes: B = rows of this (micro-)batch, R = response length. The mask (B, R) is 1 on the tokens that
+count (the batch's `loss_mask`; the tensor functions keep verl's name `response_mask`); masked positions
+never contribute to a loss, a gradient or a metric.
 
 Gradient accumulation. An optimizer step sees a mini-batch; it may be split into micro-batches
 that each run forward/backward. Pass every micro-batch the totals of the whole mini-batch
@@ -93,7 +94,7 @@ def token_mean_share(x: torch.Tensor, mask: torch.Tensor, num_tokens: float | No
 class PolicyLossInputs:
     """What a registered policy loss receives for one micro-batch.
 
-    log_prob, old_log_prob, advantages, response_mask are (B, R); only log_prob carries a gradient.
+    log_prob, old_log_prob, advantages, loss_mask are (B, R); only log_prob carries a gradient.
     The normalisers are the mini-batch's (see the module docstring): aggregate with
     `inputs.aggregate(loss_mat)` and report token means with `inputs.token_mean(x)`.
     """
@@ -104,8 +105,9 @@ class PolicyLossInputs:
     """log pi_old(token) under the policy that sampled the batch (no grad)."""
     advantages: torch.Tensor
     """Advantage per token, 0 on padding."""
-    response_mask: torch.Tensor
-    """1 on valid response tokens."""
+    loss_mask: torch.Tensor
+    """1 on the tokens that count (the batch's loss_mask: padding, truncated rows with
+    algorithm.mask_truncated and tokens rejected by rollout correction are 0)."""
     loss_agg_mode: str = "token-mean"
     """actor.loss_agg_mode."""
     num_tokens: float | None = None
@@ -123,12 +125,12 @@ class PolicyLossInputs:
 
     def aggregate(self, loss_mat: torch.Tensor) -> torch.Tensor:
         """agg_loss of a (B, R) token loss matrix with the mini-batch normalisers."""
-        return agg_loss(loss_mat, self.response_mask, self.loss_agg_mode, num_tokens=self.num_tokens,
+        return agg_loss(loss_mat, self.loss_mask, self.loss_agg_mode, num_tokens=self.num_tokens,
                         num_seqs=self.num_seqs, loss_scale_factor=self.loss_scale_factor)
 
     def token_mean(self, x: torch.Tensor) -> torch.Tensor:
         """This micro-batch's share of the mini-batch's token mean of x (detached)."""
-        return token_mean_share(x, self.response_mask, self.num_tokens)
+        return token_mean_share(x, self.loss_mask, self.num_tokens)
 
     @property
     def norms(self) -> dict[str, Any]:
@@ -220,7 +222,7 @@ def compute_policy_loss_gspo(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
 def vanilla(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     """Registered as policy loss "vanilla": token-level PPO clip with clip-higher and dual clip."""
     loss, metrics = compute_policy_loss_vanilla(
-        inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.response_mask,
+        inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.loss_mask,
         clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
         clip_ratio_c=config.clip_ratio_c, log_ratio_clamp=config.log_ratio_clamp,
         rollout_is_weights=inputs.rollout_is_weights, **inputs.norms)
@@ -230,7 +232,7 @@ def vanilla(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
 def gspo(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     """Registered as policy loss "gspo": sequence-level (geometric mean) ratio."""
     loss, metrics = compute_policy_loss_gspo(
-        inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.response_mask,
+        inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.loss_mask,
         clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
         log_ratio_clamp=config.log_ratio_clamp, rollout_is_weights=inputs.rollout_is_weights, **inputs.norms)
     return loss, ({} if inputs.on_policy else metrics)
@@ -253,7 +255,7 @@ def compute_actor_loss(policy_loss: PolicyLoss, inputs: PolicyLossInputs, config
     """
     loss, metrics = policy_loss(inputs, config)
     metrics = {**metrics, "actor/pg_loss": loss.detach()}
-    mask, norms = inputs.response_mask, inputs.norms
+    mask, norms = inputs.loss_mask, inputs.norms
     if entropy is not None:
         loss = loss - config.entropy_coeff * compute_entropy_loss(entropy, mask, **norms)
         metrics["actor/entropy"] = inputs.token_mean(entropy)

@@ -28,8 +28,7 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
         raise ConfigError(f"algorithm.advantage_estimator = {config.algorithm.advantage_estimator!r} needs a critic; "
                           "set critic.enable = true, or pick an estimator without one (e.g. grpo)")
     resolved = {"estimator": estimator, "reward": RewardScorer(config.reward, registry, run_dir=config.trainer.output_dir,
-                                                                max_new_tokens=config.rollout.max_new_tokens,
-                                                                mask_truncated=config.algorithm.mask_truncated),
+                                                                max_new_tokens=config.rollout.max_new_tokens),
                 "policy_loss": registry.get("policy_loss", config.actor.policy_loss, key="actor.policy_loss"),
                 "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
     if import_backends:

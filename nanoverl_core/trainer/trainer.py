@@ -8,7 +8,9 @@
     6. reference log-probs and values
 
 Each stage is one named call, timed into ``timing/<stage>``, that returns what it adds to the batch;
-the step assigns it. Everything the step needs (workers, rollout, reward, estimator, policy loss,
+the step assigns it. ``response_mask`` is what the rollout produced and never changes; ``loss_mask``,
+what the losses, estimators and update metrics count, starts from it and is narrowed by named stages
+(``loss_mask``: truncated rows; ``correct_rollout``: rejected tokens). Everything the step needs (workers, rollout, reward, estimator, policy loss,
 trackers) is resolved from the registry before the first model loads.
 """
 
@@ -33,7 +35,7 @@ from ..batch import RLBatch
 from ..config import Config
 from ..data import StatefulSampler, collate, load_prompts
 from ..plugins import Registry
-from ..rollout import SamplingParams, stop_token_ids
+from ..rollout import SamplingParams
 from ..workers import NonFiniteError
 from .checkpoint import (checkpoint_root, find_resume, load_checkpoint, read_tracker_states, save_checkpoint,
                          write_run_config)
@@ -133,6 +135,7 @@ class Trainer:
                 scored, reward_metrics = self.score(batch)                      # 4. sequence scores
                 batch.update(scored)
                 metrics.update(reward_metrics)
+            batch["loss_mask"] = loss_mask(batch, cfg.algorithm.mask_truncated)  # 4b. the tokens that count
             if cfg.algorithm.filter_groups:
                 batch, dropped = filter_uniform_groups(batch, batch["score"])
                 metrics["rollout/filtered_groups"] = float(dropped)
@@ -196,17 +199,16 @@ class Trainer:
 
     def score(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
         """response_text, score (B,) and token_level_scores (B, R), each score on its row's last response
-        token (and the overlong handling): `RewardScorer.score_batch` in reward.py."""
-        stop_ids = stop_token_ids(self.tokenizer, self.workers.actor.module)
-        return self.reward.score_batch(batch, self.tokenizer, self.step, stop_ids)
+        token (and the overlong penalty): `RewardScorer.score_batch` in reward.py."""
+        return self.reward.score_batch(batch, self.tokenizer, self.step)
 
     def correct_rollout(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
         """rollout_corr/ metrics of the engine's log-probs against the trainer's; with
-        algorithm.rollout_correction on, rollout_is_weights (B, R) and a response_mask without rejected tokens."""
-        rc = compute_rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+        algorithm.rollout_correction on, rollout_is_weights (B, R) and a loss_mask without rejected tokens."""
+        rc = compute_rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], batch["loss_mask"],
                                         **attrs.asdict(self.config.algorithm.rollout_correction))
         weights = {} if rc.weights is None else {"rollout_is_weights": rc.weights}
-        return RLBatch({"response_mask": rc.mask, **weights}), {k: float(v) for k, v in rc.metrics.items()}
+        return RLBatch({"loss_mask": rc.mask, **weights}), {k: float(v) for k, v in rc.metrics.items()}
 
     def compute_advantages(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
         """token_level_rewards (scores minus the in-reward KL, if on), advantages and returns (B, R)."""
@@ -214,13 +216,13 @@ class Trainer:
         rewards = batch["token_level_scores"]
         if alg.use_kl_in_reward:
             rewards, metrics = apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_probs"],
-                                                batch["response_mask"], self.kl_ctrl, alg.kl_penalty)
+                                                batch["loss_mask"], self.kl_ctrl, alg.kl_penalty)
         if "ref_log_probs" in batch:
             kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], "k1")
-            metrics["actor/ref_kl"] = float(masked_mean(kl, batch["response_mask"]))
+            metrics["actor/ref_kl"] = float(masked_mean(kl, batch["loss_mask"]))
         with_rewards = RLBatch({**batch.tensors, "token_level_rewards": rewards}, batch.non_tensors)
         advantages, returns = self.estimator(with_rewards, alg)
-        metrics["advantages/mean"] = float(masked_mean(advantages, batch["response_mask"]))
+        metrics["advantages/mean"] = float(masked_mean(advantages, batch["loss_mask"]))
         return RLBatch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}), metrics
 
     # ---- outputs -------------------------------------------------------------------------------------
@@ -238,7 +240,7 @@ class Trainer:
             return
         rows = [{"uid": batch["uid"][i], "prompt": batch["prompt_text"][i], "response": batch["response_text"][i],
                  "score": float(batch["score"][i]),
-                 "advantage": float(masked_mean(batch["advantages"][i], batch["response_mask"][i]))}
+                 "advantage": float(masked_mean(batch["advantages"][i], batch["loss_mask"][i]))}
                 for i in range(len(batch) if k < 0 else min(k, len(batch)))]
         out = self.run_dir / "rollouts"
         out.mkdir(parents=True, exist_ok=True)
@@ -278,17 +280,25 @@ def expand(batch: RLBatch, n: int) -> RLBatch:
     return batch.repeat_interleave(n)
 
 
+def loss_mask(batch: RLBatch, mask_truncated: bool) -> torch.Tensor:
+    """(B, R) the response tokens the update counts: all of them, or with mask_truncated (DAPO's overlong
+    filtering, algorithm.mask_truncated) none of a truncated row's; its score stays for group baselines."""
+    mask = batch["response_mask"]
+    return mask * (~batch["truncated"]).to(mask.dtype)[:, None] if mask_truncated else mask.clone()
+
+
 def rollout_metrics(batch: RLBatch) -> dict[str, float]:
-    """What was sampled, before any rollout correction changes the response mask."""
+    """What was sampled (response_mask, truncated: the rollout's own facts)."""
     lengths, prompts = batch["response_mask"].sum(-1), batch["prompt_mask"].sum(-1).float()
     return {"rollout/response_length/mean": float(lengths.mean()), "rollout/response_length/max": float(lengths.max()),
-            "rollout/prompt_length/mean": float(prompts.mean()), "rollout/tokens": float(lengths.sum() + prompts.sum())}
+            "rollout/prompt_length/mean": float(prompts.mean()), "rollout/tokens": float(lengths.sum() + prompts.sum()),
+            "rollout/truncated_frac": float(batch["truncated"].float().mean())}
 
 
 def batch_metrics(batch: RLBatch, timing: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
     out = {"throughput/tokens_per_s": metrics["rollout/tokens"] / max(timing["step"], 1e-9)}
     if "values" in batch:
-        out["critic/values/mean"] = float(masked_mean(batch["values"], batch["response_mask"]))
-        out["critic/returns/mean"] = float(masked_mean(batch["returns"], batch["response_mask"]))
+        out["critic/values/mean"] = float(masked_mean(batch["values"], batch["loss_mask"]))
+        out["critic/returns/mean"] = float(masked_mean(batch["returns"], batch["loss_mask"]))
     out.update({f"timing/{k}": v for k, v in timing.items()})
     return out

@@ -28,6 +28,7 @@ def grpo_batch(tok, seed: int = 0):
                  for _ in range(len(PROMPTS) * N)]
     batch = with_responses(prompt_batch(tok, [p for p in PROMPTS for _ in range(N)]), responses, tok.pad_token_id)
     batch["advantages"] = torch.randn(batch["response_mask"].shape, generator=gen) * batch["response_mask"]
+    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
     batch["returns"] = torch.randn(batch["response_mask"].shape, generator=gen) * batch["response_mask"]
     return batch
 

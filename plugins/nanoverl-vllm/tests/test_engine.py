@@ -172,6 +172,7 @@ def train_to_answer(workers, answer: list[int], steps: int = 40):
     batch["responses"] = torch.tensor([answer, answer])
     batch["response_mask"] = torch.ones(2, len(answer))
     batch["advantages"] = torch.ones(2, len(answer))
+    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
     for _ in range(steps):
         batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
         workers.actor.update(batch, vanilla)

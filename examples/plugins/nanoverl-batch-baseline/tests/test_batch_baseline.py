@@ -49,7 +49,7 @@ REWARDS = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.5, 0.0], [2.0, 0.0, 0.0],
 
 def batch(rows=range(6)) -> RLBatch:
     idx = list(rows)
-    return RLBatch.from_dict({"token_level_rewards": REWARDS[idx], "response_mask": MASK[idx]},
+    return RLBatch.from_dict({"token_level_rewards": REWARDS[idx], "loss_mask": MASK[idx]},
                              non_tensors={"uid": [UIDS[i] for i in idx]})
 
 

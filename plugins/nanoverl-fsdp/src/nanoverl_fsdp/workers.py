@@ -117,15 +117,15 @@ class _Sharded:
 
     def minibatches(self, batch: RLBatch, mini_prompts: int):
         """Per mini-batch of the whole batch: this rank's share split into micro-batches, and the
-        normalisers of the whole mini-batch. Fill rows get an all-zero response mask: no loss, no metric."""
+        normalisers of the whole mini-batch. Fill rows get an all-zero loss mask: no loss, no metric."""
         for mini in batch.split(mini_prompts * self.config.rollout.n or len(batch)):
-            norms = loss_totals(mini["response_mask"])     # every rank holds the whole mini-batch
+            norms = loss_totals(mini["loss_mask"])         # every rank holds the whole mini-batch
             rows, real = parallel.rank_rows(len(mini))
             local = mini.index(rows)
             if real < len(rows):
-                mask = local["response_mask"].clone()
+                mask = local["loss_mask"].clone()
                 mask[real:] = 0
-                local["response_mask"] = mask
+                local["loss_mask"] = mask
             yield [local.index(rows) for rows in self.micro_batches(local)], norms
 
     def clip_and_step(self, nonfinite_loss: bool) -> float:

@@ -3,7 +3,7 @@
 Every estimator scores a response by one number, score_i = sum over t of token_level_rewards[i, t]
 (the reward sits on the last valid token, minus any in-reward KL), compares it with the other
 responses sampled from the same prompt (rows sharing a `uid`, in any order), and broadcasts the
-resulting scalar advantage over the response's valid tokens. Outputs are (B, R), zero on padding,
+resulting scalar advantage over the response's tokens that count (the batch's `loss_mask`). Outputs are (B, R), zero on padding,
 and returns = advantages (there is no critic), as in verl's `core_algos.py`.
 
 Shared conventions (pinned by tests/test_estimators.py):
@@ -151,7 +151,7 @@ def compute_grpo_passk_advantages(token_level_rewards: torch.Tensor, response_ma
 
 # ---- adapters: fn(batch, config) -> (advantages, returns) -------------------------------------------
 def _inputs(batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor, list]:
-    return batch["token_level_rewards"], batch["response_mask"], batch["uid"]
+    return batch["token_level_rewards"], batch["loss_mask"], batch["uid"]
 
 
 def _norm(config: AlgorithmConfig) -> GroupNormSettings:

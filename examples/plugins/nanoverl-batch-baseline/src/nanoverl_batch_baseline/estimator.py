@@ -63,5 +63,5 @@ def batch_mean_baseline(batch, config) -> tuple[torch.Tensor, torch.Tensor]:
     """The plugin contract: fn(batch: RLBatch, config: AlgorithmConfig) -> (advantages, returns).
     config.settings is this estimator's BatchBaselineSettings (nanoverl validated it when loading)."""
     settings = config.settings or BatchBaselineSettings()
-    return compute_batch_baseline_advantages(batch["token_level_rewards"], batch["response_mask"], batch["uid"],
+    return compute_batch_baseline_advantages(batch["token_level_rewards"], batch["loss_mask"], batch["uid"],
                                              group_weight=settings.group_weight)
