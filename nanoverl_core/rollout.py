@@ -52,7 +52,8 @@ def stop_token_ids(tokenizer, module=None) -> list[int]:
 def responses_to_batch(responses: Sequence[Sequence[int]] | torch.Tensor, *, eos_token_id: int | Sequence[int],
                        pad_token_id: int, max_new_tokens: int,
                        log_probs: Sequence[Sequence[float]] | None = None) -> RLBatch:
-    """Right-pad generated token lists into ``responses`` / ``response_mask`` (B, R).
+    """Right-pad generated token lists into ``responses`` / ``response_mask`` (B, R), and ``truncated`` (B,)
+    bool: True for a row whose kept tokens hold no EOS (cut at ``max_new_tokens`` or by the engine).
 
     Each list is cut after its first EOS (kept, and covered by the mask) and at ``max_new_tokens``.
     R is the longest kept response, so a batch that stopped early is not padded to the budget.
@@ -72,7 +73,8 @@ def responses_to_batch(responses: Sequence[Sequence[int]] | torch.Tensor, *, eos
     for row, tokens in enumerate(kept):
         ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         mask[row, : len(tokens)] = 1.0
-    out = RLBatch({"responses": ids, "response_mask": mask})
+    truncated = torch.tensor([not tokens or tokens[-1] not in eos for tokens in kept], dtype=torch.bool)
+    out = RLBatch({"responses": ids, "response_mask": mask, "truncated": truncated})
     if log_probs is not None:
         lp = torch.zeros((len(kept), width), dtype=torch.float32)
         for row, (tokens, values) in enumerate(zip(kept, log_probs)):
@@ -90,7 +92,7 @@ def _tensor_responses_to_batch(responses: torch.Tensor, eos: set[int], pad_token
     width = max(1, int(lengths.max()))
     mask = torch.arange(width) < lengths[:, None]                                          # (B, width)
     ids = torch.where(mask, ids[:, :width], torch.full_like(ids[:, :width], pad_token_id))
-    return RLBatch({"responses": ids.long(), "response_mask": mask.float()})
+    return RLBatch({"responses": ids.long(), "response_mask": mask.float(), "truncated": ~is_eos.any(-1)})
 
 
 def decode_responses(tokenizer, batch: RLBatch) -> list[str]:

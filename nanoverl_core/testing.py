@@ -43,7 +43,8 @@ def _check_outputs(out: RLBatch, rows: int, max_new_tokens: int) -> None:
     responses, mask = out["responses"], out["response_mask"]
     assert len(out) == rows, f"generate returned {len(out)} rows for {rows}: one response per row, in order"
     assert responses.dtype == torch.long and responses.dim() == 2, "responses must be (B, R) int64"
-    assert mask.shape == responses.shape, "response_mask must have the shape of responses"
+    assert mask.shape == responses.shape and mask.dtype.is_floating_point, \
+        "response_mask must be a float tensor with the shape of responses"
     assert responses.shape[1] <= max_new_tokens, f"responses are wider than max_new_tokens={max_new_tokens}"
     lengths = mask.sum(-1).long()
     prefix = (torch.arange(mask.shape[1]) < lengths[:, None]).to(mask.dtype)
@@ -53,14 +54,37 @@ def _check_outputs(out: RLBatch, rows: int, max_new_tokens: int) -> None:
         assert lp.shape == responses.shape, "rollout_log_probs must be (B, R) like responses"
         assert torch.all(lp * (1 - mask) == 0), "rollout_log_probs must be 0 on padding"
         assert torch.all(lp <= 1e-4), "rollout_log_probs are log-probabilities: at most 0"
+    truncated = out["truncated"] if "truncated" in out else None
+    assert truncated is not None and truncated.dtype == torch.bool and truncated.shape == (rows,), \
+        "generate must return truncated, (B,) bool: True for a row that ended without a stop token"
+    assert torch.all(lengths[~truncated] > 0), "a row that is not truncated must end with its stop token"
+
+
+def _rows(out: RLBatch) -> list[tuple[list[int], int, bool]]:
+    """(response tokens, valid length, truncated) of each row."""
+    return list(zip(out["responses"].tolist(), out["response_mask"].sum(-1).long().tolist(), out["truncated"].tolist()))
+
+
+def _check_stop_tokens(outputs: list[RLBatch]) -> None:
+    """What can be checked of `truncated` without knowing the engine's stop ids: the token that ends a
+    row that is not truncated is a stop id, and a response ends at its first stop token, so a stop id
+    may stand nowhere else (not inside a row, not in a truncated row) in any output of the engine."""
+    stops = {tokens[n - 1] for out in outputs for tokens, n, cut in _rows(out) if not cut}
+    for out in outputs:
+        for row, (tokens, n, cut) in enumerate(_rows(out)):
+            found = stops & set(tokens[:n] if cut else tokens[:n - 1])
+            assert not found, f"row {row} holds {sorted(found)} {'although truncated' if cut else 'before its end'}, " \
+                "a token that ends a row that is not truncated: a response ends at its first stop token, and " \
+                "truncated is True exactly for the rows without one"
 
 
 def check_rollout(rollout: Rollout, batch: RLBatch, max_new_tokens: int = 4) -> RLBatch:
     """A rollout's contract on `batch` (prompts, prompt_mask, uid); returns one sampled output.
 
-    Shapes and masks of generate's output; the same seed of torch's global generator gives the same
-    samples; a greedy call draws nothing from it; greedy rows do not depend on the other rows or their
-    order; close() exists.
+    Shapes, dtypes and masks of generate's output (responses, response_mask, truncated, optionally
+    rollout_log_probs); the same seed of torch's global generator gives the same samples; a greedy call
+    draws nothing from it; greedy rows do not depend on the other rows or their order; `truncated`
+    agrees with the stop tokens the outputs show (`_check_stop_tokens`); close() exists.
     """
     assert isinstance(rollout, Rollout), f"{type(rollout).__name__} lacks generate / sync_weights / close"
     sampled = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
@@ -74,16 +98,20 @@ def check_rollout(rollout: Rollout, batch: RLBatch, max_new_tokens: int = 4) -> 
     again = rollout.generate(batch, sampled)
     assert torch.equal(first["responses"], again["responses"]), \
         "sampling must be seeded from torch's global generator: the same seed must give the same responses"
+    assert torch.equal(first["truncated"], again["truncated"]), "the same responses must have the same truncated"
     state = torch.get_rng_state()
     plain = rollout.generate(batch, greedy)
     assert torch.equal(state, torch.get_rng_state()), "a greedy generate must not draw from torch's global generator"
     _check_outputs(plain, len(batch), max_new_tokens)
     order = list(reversed(range(len(batch))))
     flipped = rollout.generate(batch.index(order), greedy)
+    _check_outputs(flipped, len(batch), max_new_tokens)
     for row, source in enumerate(order):
         n = int(plain["response_mask"][source].sum())
-        assert torch.equal(flipped["responses"][row, :n], plain["responses"][source, :n]), \
+        assert torch.equal(flipped["responses"][row, :n], plain["responses"][source, :n]) \
+            and flipped["truncated"][row] == plain["truncated"][source], \
             "greedy responses must follow their own prompt whatever the row order"
+    _check_stop_tokens([first, plain, flipped])
     return first
 
 

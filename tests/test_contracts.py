@@ -1,5 +1,6 @@
-"""The written contracts hold as written: hookspecs.Register is the callback plugins.py builds, and every
-optional attribute the framework reads off a plugin's object is documented in protocols.py."""
+"""The written contracts hold as written: check_rollout checks the rollout's truncated output,
+hookspecs.Register is the callback plugins.py builds, and every optional attribute the framework reads
+off a plugin's object is documented in protocols.py."""
 
 from __future__ import annotations
 
@@ -8,9 +9,58 @@ import inspect
 import re
 import types
 
+import pytest
+import torch
+
 from conftest import ROOT
-from nanoverl_core import hookimpl, plugins, protocols
+from nanoverl_core import RLBatch, hookimpl, plugins, protocols, responses_to_batch
+from nanoverl_core.builtins.debug import CharTokenizer
 from nanoverl_core.hookspecs import Register
+from nanoverl_core.testing import check_rollout, prompt_batch
+
+
+# ---- the rollout's truncated output -------------------------------------------------------------------
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_responses_to_batch_marks_the_rows_without_a_stop_token_as_truncated(as_tensor):
+    rows = [[5, 1, 7, 7, 7], [5, 6, 7, 8, 9], [5, 6, 7, 2, 9], [1, 0, 0, 0, 0]]   # stop ids 1 and 2
+    out = responses_to_batch(torch.tensor(rows) if as_tensor else rows, eos_token_id=[1, 2], pad_token_id=0,
+                             max_new_tokens=4)
+    assert out["truncated"].dtype == torch.bool and out["truncated"].tolist() == [False, True, False, False]
+    assert out["response_mask"].sum(-1).tolist() == [2, 4, 4, 1]
+
+
+class FixedRollout:
+    """Deterministic responses that depend only on the prompt: its last token, then EOS (1); `truncated`
+    claims the rows of odd-length prompts were cut (they were not: they hold EOS)."""
+
+    returns_log_probs = False
+
+    def generate(self, batch, params):
+        lengths = batch["prompt_mask"].sum(-1)
+        responses = torch.stack([batch["prompts"][:, -1], torch.ones(len(batch), dtype=torch.long)], 1)
+        return RLBatch({"responses": responses, "response_mask": torch.ones(responses.shape),
+                        "truncated": lengths % 2 == 1})
+
+    def sync_weights(self, actor):
+        pass
+
+    def close(self):
+        pass
+
+
+class NoTruncated(FixedRollout):
+    def generate(self, batch, params):
+        out = super().generate(batch, params)
+        out.pop("truncated")
+        return out
+
+
+@pytest.mark.parametrize("rollout, rule", [(NoTruncated(), "generate must return truncated, (B,) bool"),
+                                           (FixedRollout(), "although truncated, a token that ends a row")])
+def test_check_rollout_requires_a_truncated_flag_that_agrees_with_the_stop_tokens(rollout, rule):
+    batch = prompt_batch(CharTokenizer(), ["12=", "3456", "7="], n=2)       # prompt lengths 3, 4, 2
+    with pytest.raises(AssertionError, match=re.escape(rule)):
+        check_rollout(rollout, batch)
 
 
 # ---- hookspecs.Register is the callback plugins.py builds ---------------------------------------------
