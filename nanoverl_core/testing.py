@@ -5,7 +5,8 @@
 
     batch = prompt_batch(workers.tokenizer, ["12=", "345="], n=2)
     batch.update(check_rollout(rollout, batch, max_new_tokens=4))    # returns one sampled output
-    check_actor(workers.actor, batch)
+    check_actor(workers.actor, batch)                                 # runs one real update
+    check_actor(workers.reference, batch, update=False)               # a frozen actor
 
 Each check raises AssertionError naming the rule a backend broke. The rules are those of
 `nanoverl_core.protocols` and of the hook docs in `nanoverl_core.hookspecs` (rows in order, seeds
@@ -21,8 +22,9 @@ from pathlib import Path
 
 import torch
 
+from .algos.losses import vanilla
 from .batch import RLBatch
-from .protocols import Actor, Rollout
+from .protocols import Actor, PolicyLoss, Rollout
 from .rollout import SamplingParams
 
 
@@ -115,10 +117,16 @@ def check_rollout(rollout: Rollout, batch: RLBatch, max_new_tokens: int = 4) -> 
     return first
 
 
-def check_actor(actor: Actor, batch: RLBatch) -> None:
-    """An actor's contract on a batch with responses: log-probs (B, R) on the CPU, no grad, finite,
-    at most 0, 0 on padding, stable across calls; full_tensors covers the state dict at full size (a LoRA
-    actor, `actor.lora`: the merged model's entries, unsharded, leaving the module's weights unchanged)."""
+def check_actor(actor: Actor, batch: RLBatch, *, update: bool = True,
+                policy_loss: PolicyLoss = vanilla) -> dict[str, float] | None:
+    """An actor's contract on a batch with responses (prompts, prompt_mask, responses, response_mask);
+    returns the update's metrics, or None with update=False (a frozen reference: nothing is trained).
+
+    Log-probs (B, R) on the CPU, no grad, finite, at most 0, 0 on padding, stable across calls;
+    full_tensors covers the state dict at full size (a LoRA actor, `actor.lora`: the merged model's
+    entries, unsharded, leaving the module's weights unchanged). Then one real update, called as the
+    trainer calls it (`_check_update`).
+    """
     assert isinstance(actor, Actor), f"{type(actor).__name__} lacks module / device / compute_log_probs / " \
                                      "update / full_tensors / save / load"
     mask = batch["response_mask"]
@@ -128,20 +136,56 @@ def check_actor(actor: Actor, batch: RLBatch) -> None:
     assert torch.isfinite(log_probs).all() and torch.all(log_probs <= 1e-4), "log-probs must be finite and <= 0"
     assert torch.all(log_probs * (1 - mask) == 0), "log-probs must be 0 on padding"
     torch.testing.assert_close(actor.compute_log_probs(batch), log_probs, msg="log-probs must not change between calls")
+    _check_full_tensors(actor)
+    return _check_update(actor, batch, log_probs, policy_loss) if update else None
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A state-dict entry at full size (a sharded DTensor gathered)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _check_full_tensors(actor: Actor) -> None:
     if getattr(actor, "lora", False):   # a LoRA actor yields the merged model's entries, not its wrapper's
-        before = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone() for k, v in actor.module.state_dict().items()}
+        before = {k: _full(v).clone() for k, v in actor.module.state_dict().items()}
         merged = [(name, tensor.clone()) for name, tensor in actor.full_tensors()]
         assert merged and all(not hasattr(t, "full_tensor") for _, t in merged), "full_tensors must be unsharded"
-        after = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in actor.module.state_dict().items()}
+        after = {k: _full(v) for k, v in actor.module.state_dict().items()}
         assert all(torch.equal(before[k], after[k]) for k in before), "full_tensors must not change the weights"
         return
     names = [name for name, _ in actor.full_tensors()]
     state = actor.module.state_dict()
     assert names == list(state), "full_tensors must yield every state-dict entry, in state-dict order"
     for name, tensor in actor.full_tensors():
-        local = state[name]
-        shape = local.full_tensor().shape if hasattr(local, "full_tensor") else local.shape
-        assert tensor.shape == shape and not hasattr(tensor, "full_tensor"), f"{name}: full_tensors must be unsharded"
+        assert tensor.shape == _full(state[name]).shape and not hasattr(tensor, "full_tensor"), \
+            f"{name}: full_tensors must be unsharded"
+
+
+def _check_update(actor: Actor, batch: RLBatch, log_probs: torch.Tensor,
+                  policy_loss: PolicyLoss) -> dict[str, float]:
+    """`actor.update(batch, policy_loss, on_policy=False)` on a copy of `batch` with old_log_probs and
+    ref_log_probs = the actor's log-probs and advantages +1 on every valid token: it returns finite float
+    metrics, changes the weights full_tensors yields (what a rollout loads), and raises the mean log-prob
+    of the responses (the loss is minimised), still 0 on padding."""
+    mask = batch["response_mask"]
+    assert mask.sum() > 0, "check_actor's update needs a batch with at least one response token"
+    train = batch.index(slice(None))                # a copy: the caller's batch keeps its columns
+    train["old_log_probs"], train["ref_log_probs"] = log_probs.clone(), log_probs.clone()
+    train["advantages"] = mask.float().clone()      # +1 on every valid token
+    before = {name: tensor.clone() for name, tensor in actor.full_tensors()}
+    metrics = actor.update(train, policy_loss, on_policy=False)
+    assert isinstance(metrics, dict) and metrics, "update must return its metrics, a dict of name -> float"
+    bad = {key: value for key, value in metrics.items()
+           if not (isinstance(key, str) and isinstance(value, float) and math.isfinite(value))}
+    assert not bad, f"update's metrics must be finite floats under string keys: {bad}"
+    assert any(not torch.equal(before[name], tensor) for name, tensor in actor.full_tensors()), \
+        "update must change the weights (full_tensors after it must differ)"
+    after = actor.compute_log_probs(batch)
+    assert torch.all(after * (1 - mask) == 0), "log-probs must be 0 on padding after an update"
+    rise = float(((after - log_probs) * mask).sum() / mask.sum())
+    assert rise > 0, f"an update with advantages +1 must raise the responses' mean log-prob (it moved by {rise:.3g}): " \
+                     "is the loss minimised?"
+    return metrics
 
 
 def assert_same_adam_step(got: dict, want: dict, grads_got: dict, grads_want: dict, *, grad_rtol: float = 1e-5,

@@ -1,6 +1,6 @@
-"""The written contracts hold as written: check_rollout checks the rollout's truncated output,
-hookspecs.Register is the callback plugins.py builds, and every optional attribute the framework reads
-off a plugin's object is documented in protocols.py."""
+"""The written contracts hold as written: a backend built only from nanoverl_core.protocols passes
+nanoverl_core.testing's checks (update included), the checks catch what breaks a contract, and every
+optional attribute the framework reads off a plugin's object is documented in protocols.py."""
 
 from __future__ import annotations
 
@@ -8,15 +8,129 @@ import ast
 import inspect
 import re
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT
-from nanoverl_core import RLBatch, hookimpl, plugins, protocols, responses_to_batch
-from nanoverl_core.builtins.debug import CharTokenizer
+from conftest import EXAMPLES, ROOT
+from nanoverl_core import RLBatch, SamplingParams, hookimpl, load_config, plugins, protocols, responses_to_batch
+from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss, loss_totals
+from nanoverl_core.builtins.debug import CharTokenizer, TinyCausalLM, make_rollout, make_workers
 from nanoverl_core.hookspecs import Register
-from nanoverl_core.testing import check_rollout, prompt_batch
+from nanoverl_core.testing import check_actor, check_rollout, prompt_batch
+
+PPO = EXAMPLES / "debug_ppo.toml"
+
+
+# ---- an actor written only from protocols.Actor ---------------------------------------------------
+class MinimalActor:
+    """A third-party policy written from `nanoverl_core.protocols.Actor` alone: no TorchActor, the whole
+    batch in one forward, one optimizer step per update."""
+
+    def __init__(self, module: torch.nn.Module, config, temperature: float = 1.0):
+        self.module, self.device, self.config, self.temperature = module, torch.device("cpu"), config, temperature
+        self.optimizer = torch.optim.Adam(module.parameters(), lr=config.lr)
+
+    def _log_probs(self, batch: RLBatch) -> torch.Tensor:
+        """(B, R) log pi(response token) at the rollout temperature, 0 on padding, with grad."""
+        mask = torch.cat([batch["prompt_mask"], batch["response_mask"].long()], 1)       # (B, P + R)
+        logits = self.module(input_ids=torch.cat([batch["prompts"], batch["responses"]], 1), attention_mask=mask,
+                             position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        width = batch["responses"].shape[1]
+        logits = logits[:, -width - 1:-1].float() / self.temperature                    # (B, R, V)
+        chosen = logits.log_softmax(-1).gather(-1, batch["responses"][..., None]).squeeze(-1)
+        return chosen * batch["response_mask"]
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
+        return self._log_probs(batch)
+
+    def update(self, batch: RLBatch, policy_loss, *, on_policy: bool = False) -> dict[str, float]:
+        mask = batch["response_mask"]
+        log_prob = self._log_probs(batch)
+        old = log_prob.detach() if on_policy else batch["old_log_probs"]
+        inputs = PolicyLossInputs(log_prob, old, batch["advantages"], mask, loss_agg_mode=self.config.loss_agg_mode,
+                                  on_policy=on_policy, **loss_totals(mask))
+        loss, metrics = compute_actor_loss(policy_loss, inputs, self.config)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return {key: float(value) for key, value in metrics.items()}
+
+    def full_tensors(self):
+        for name, tensor in self.module.state_dict().items():
+            yield name, tensor.detach()
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}, path / "actor.pt")
+
+    def load(self, path: Path) -> None:
+        state = torch.load(path / "actor.pt", weights_only=True)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def sampled_batch(texts=("12=", "345=", "6="), n: int = 2) -> RLBatch:
+    """Prompts with responses sampled by the debug rollout (some end in EOS, some are cut at 4 tokens)."""
+    cfg = load_config(PPO)
+    workers = make_workers(cfg)
+    batch = prompt_batch(workers.tokenizer, list(texts), n=n)
+    torch.manual_seed(3)
+    batch.update(make_rollout(cfg, workers).generate(batch, SamplingParams(max_new_tokens=4)))
+    return batch
+
+
+def minimal_actor(cls=MinimalActor) -> MinimalActor:
+    torch.manual_seed(0)
+    config = load_config(PPO, ["actor.lr=1e-2"]).actor
+    return cls(TinyCausalLM(CharTokenizer().vocab_size, hidden=32, layers=1), config)
+
+
+def test_an_actor_written_only_from_the_protocol_passes_check_actor_with_its_update():
+    actor, batch = minimal_actor(), sampled_batch()
+    assert batch["response_mask"].sum() < batch["response_mask"].numel()          # padding is exercised
+    before = actor.compute_log_probs(batch)
+    metrics = check_actor(actor, batch)
+    assert {"actor/pg_loss", "actor/loss", "actor/pg_clipfrac", "actor/ppo_kl"} <= metrics.keys()
+    assert metrics["actor/pg_loss"] == pytest.approx(-1.0)     # ratio 1, advantages 1: -mean(ratio * A)
+    assert "advantages" not in batch and not torch.equal(actor.compute_log_probs(batch), before)
+
+
+class NoStep(MinimalActor):
+    def update(self, batch, policy_loss, *, on_policy=False):
+        return {"actor/pg_loss": 0.0}
+
+
+class Ascends(MinimalActor):
+    def update(self, batch, policy_loss, *, on_policy=False):
+        def ascend(inputs, config):
+            loss, metrics = policy_loss(inputs, config)
+            return -loss, metrics
+        return super().update(batch, ascend, on_policy=on_policy)
+
+
+class TensorMetrics(MinimalActor):
+    def update(self, batch, policy_loss, *, on_policy=False):
+        return {key: torch.tensor(value) for key, value in super().update(batch, policy_loss).items()}
+
+
+@pytest.mark.parametrize("cls, rule", [(NoStep, "update must change the weights"),
+                                       (Ascends, "must raise the responses' mean log-prob"),
+                                       (TensorMetrics, "metrics must be finite floats")])
+def test_check_actor_names_the_rule_a_broken_update_breaks(cls, rule):
+    with pytest.raises(AssertionError, match=re.escape(rule)):
+        check_actor(minimal_actor(cls), sampled_batch())
+
+
+def test_a_frozen_reference_is_checked_without_an_update():
+    cfg = load_config(PPO, ["reference.enable=true"])
+    workers = make_workers(cfg)
+    batch = sampled_batch()
+    weights = {name: tensor.clone() for name, tensor in workers.reference.full_tensors()}
+    assert check_actor(workers.reference, batch, update=False) is None
+    assert all(torch.equal(weights[name], tensor) for name, tensor in workers.reference.full_tensors())
 
 
 # ---- the rollout's truncated output -------------------------------------------------------------------
