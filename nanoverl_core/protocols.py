@@ -58,9 +58,9 @@ class Actor(Protocol):
         the work is split into micro-batches or ranks (nanoverl_core.algos.losses says how).
 
         The trainer calls ``actor.update(batch, policy_loss, on_policy=...)``. The batch holds
-        ``responses``, ``response_mask``, ``advantages`` (B, R), ``old_log_probs`` (B, R) unless
-        `on_policy`, ``ref_log_probs`` when ``actor.use_kl_loss`` and ``rollout_is_weights`` when rollout
-        correction weights the loss. `policy_loss` is the registered loss (``actor.policy_loss``, see
+        ``responses``, ``response_mask``, ``advantages`` (B, R), ``old_log_probs`` (B, R) (possibly
+        absent when `on_policy`), ``ref_log_probs`` when ``actor.use_kl_loss`` and ``rollout_is_weights``
+        when rollout correction weights the loss. `policy_loss` is the registered loss (``actor.policy_loss``, see
         `PolicyLoss`). Per micro-batch: build `nanoverl_core.algos.PolicyLossInputs` (the log-probs with
         grad, at the rollout temperature; old log-probs; advantages; mask; the mini-batch's normalisers;
         the rollout weights), get ``loss, metrics = compute_actor_loss(policy_loss, inputs, config.actor,
