@@ -5,8 +5,10 @@ hooks below with ``@hookimpl``; each hook is called once, with a ``register`` ca
 
     register(name: str, obj, *, description: str = "", settings=None) -> None
 
-``obj`` is the object itself or a ``"module:attr"`` string imported only when the name is selected,
-so ``nanoverl-train plugins`` stays cheap. ``description`` is shown by ``nanoverl-train plugins``.
+(typed as ``Register`` below). ``obj`` is the object itself or a ``"module:attr"`` string imported
+only when the name is selected, so ``nanoverl-train plugins`` stays cheap; what each hook's object
+is, and the optional attributes the framework reads off it, are the protocols of
+``nanoverl_core.protocols`` its docstring names. ``description`` is shown by ``nanoverl-train plugins``.
 ``settings`` (a class, or a ``"module:attr"`` string) is an ``attrs`` class with a default for every
 field and a one-line docstring under each: the component's own typed settings. The user writes them
 in the table ``[<section>.<name>]`` of the section that selects the component (``[rollout.vllm]``,
@@ -34,7 +36,7 @@ Rules every backend follows (``nanoverl_core.testing`` checks them; run its chec
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import pluggy
 
@@ -42,19 +44,24 @@ PROJECT = "nanoverl"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-Register = Callable[..., None]
+
+class Register(Protocol):
+    """The callback every hook receives (nanoverl_core.plugins.load_registry builds one per hook)."""
+
+    def __call__(self, name: str, obj: object | str, *, description: str = "",
+                 settings: type | str | None = None) -> None: ...
 
 
 @hookspec
 def register_rollouts(register: Register) -> None:
     """Register rollout engines, selected by ``rollout.name``; settings in ``[rollout.<name>]``.
 
-    obj: ``make_rollout(config: Config, workers: Workers) -> Rollout`` (``nanoverl_core.protocols.Rollout``):
-    ``generate(batch, params) -> RLBatch`` adds ``responses``, ``response_mask`` and optionally
-    ``rollout_log_probs`` (build them with ``nanoverl_core.responses_to_batch``);
-    ``sync_weights(actor)`` is called after every actor update (read ``actor.full_tensors()``) and the
-    next ``generate`` must use the new weights; ``close()`` frees the engine. An optional
-    ``make_rollout.check_config(config)`` raises ``ConfigError`` before any model loads (as a worker's).
+    obj: a ``nanoverl_core.protocols.MakeRollout``, ``make_rollout(config, workers) -> Rollout``
+    (``nanoverl_core.protocols.Rollout``): ``generate(batch, params)`` returns ``responses``,
+    ``response_mask``, ``truncated`` and optionally ``rollout_log_probs`` (build them with
+    ``nanoverl_core.responses_to_batch``); ``sync_weights(actor)`` is called after every actor update
+    (read ``actor.full_tensors()``) and the next ``generate`` must use the new weights; ``close()``
+    frees the engine. Optional attribute: ``check_config`` (see ``MakeRollout``).
     """
 
 
@@ -62,15 +69,11 @@ def register_rollouts(register: Register) -> None:
 def register_workers(register: Register) -> None:
     """Register training backends, selected by ``worker.name``; settings in ``[worker.<name>]``.
 
-    obj: ``make_workers(config: Config) -> Workers``: the tokenizer plus the actor, the reference
-    (``None`` unless ``reference.enable``) and the critic (``None`` unless ``critic.enable``), which
-    follow ``nanoverl_core.protocols.Actor`` / ``Critic``. ``nanoverl_core.TorchActor`` and
-    ``TorchCritic`` implement them over any Hugging Face-style torch module. Optionally
-    ``make_workers.export_checkpoint(checkpoint: Path, out: Path, config: Config)`` writes a checkpoint's
-    policy as a save_pretrained folder into ``out``: what ``nanoverl-train export`` calls;
-    ``make_workers.check_config(config)`` raises ``ConfigError`` for what it can check cheaply (files,
-    packages), before the run directory is written; ``make_workers.supports_lora = True`` accepts
-    ``[model.lora]``.
+    obj: a ``nanoverl_core.protocols.MakeWorkers``, ``make_workers(config) -> Workers``: the tokenizer
+    plus the actor, the reference and the critic, which follow ``nanoverl_core.protocols.Actor`` /
+    ``Critic``. ``nanoverl_core.TorchActor`` and ``TorchCritic`` implement them over any Hugging
+    Face-style torch module. Optional attributes: ``check_config``, ``export_checkpoint``,
+    ``supports_lora`` (see ``MakeWorkers``).
     """
 
 
@@ -79,11 +82,9 @@ def register_advantage_estimators(register: Register) -> None:
     """Register advantage estimators, selected by ``algorithm.advantage_estimator``; settings in
     ``[algorithm.<name>]``.
 
-    obj: ``fn(batch: RLBatch, config: AlgorithmConfig) -> (advantages, returns)``, both ``(B, R)``
-    float tensors, zero on padded positions. It reads ``token_level_rewards``, ``loss_mask`` (the
-    tokens that count: the rollout's ``response_mask`` less truncated or rejected ones), ``values`` (when a critic runs) and the non-tensor ``uid`` (rows sharing a uid come from one
-    prompt). Set ``fn.requires_critic = True`` if it reads ``values``; its own settings are
-    ``config.settings``.
+    obj: a ``nanoverl_core.protocols.Estimator``, ``fn(batch: RLBatch, config: AlgorithmConfig) ->
+    (advantages, returns)``, both ``(B, R)``, zero on padding; it reads ``loss_mask`` (the tokens that
+    count), not ``response_mask``. Optional attribute: ``requires_critic`` (see ``Estimator``).
     """
 
 
@@ -91,10 +92,9 @@ def register_advantage_estimators(register: Register) -> None:
 def register_rewards(register: Register) -> None:
     """Register reward functions, selected by ``reward.name``; settings in ``[reward.<name>]``.
 
-    obj: ``fn(prompt: str, response: str, sample: dict) -> float | dict``. ``sample`` is the dataset
-    row. A dict holds ``"score"`` and may add numeric keys, logged as ``reward/<key>``. The score is
-    placed on the last valid response token. A reward that registered settings is called with them
-    as a keyword argument: ``fn(prompt, response, sample, settings=...)``.
+    obj: a ``nanoverl_core.protocols.RewardFn``, ``fn(prompt: str, response: str, sample: dict) ->
+    float | dict``, called with ``settings=...`` when it registered settings. Optional attribute:
+    ``batched`` (see ``RewardFn``).
     """
 
 
@@ -102,11 +102,9 @@ def register_rewards(register: Register) -> None:
 def register_trackers(register: Register) -> None:
     """Register metric trackers, selected by ``tracking.trackers``; settings in ``[tracking.<name>]``.
 
-    obj: ``make_tracker(config: Config, run_dir: Path, state: dict | None) -> Tracker``. ``state`` is
-    what the tracker's ``state_dict()`` returned when the checkpoint being resumed was saved. A
-    ``Tracker`` has ``log_metrics(metrics: dict[str, float], step: int)``,
-    ``log_samples(name: str, rows: list[dict], step: int)``, ``state_dict() -> dict`` (JSON-safe) and
-    ``close(success: bool)``.
+    obj: a ``nanoverl_core.protocols.MakeTracker``, ``make_tracker(config: Config, run_dir: Path,
+    state: dict | None) -> Tracker`` (``nanoverl_core.protocols.Tracker``: ``log_metrics``,
+    ``log_samples``, ``state_dict`` (JSON-safe), ``close(success)``).
     """
 
 
@@ -114,13 +112,10 @@ def register_trackers(register: Register) -> None:
 def register_policy_losses(register: Register) -> None:
     """Register policy losses, selected by ``actor.policy_loss``; settings in ``[actor.<name>]``.
 
-    obj: ``fn(inputs: PolicyLossInputs, config: ActorConfig) -> (loss, metrics)``
-    (``nanoverl_core.algos.PolicyLossInputs``: log-probs with grad, old log-probs, advantages, the
-    response mask, ``inputs.aggregate`` bound to the mini-batch normalisers, ``inputs.on_policy``).
-    ``loss`` is a scalar tensor; ``metrics`` maps ``actor/<name>`` to detached scalars that are this
-    micro-batch's share of the mini-batch value (``inputs.token_mean(x)``), so they sum exactly over
-    micro-batches. The loss's own settings are ``config.settings``; the trainer adds the entropy
-    and KL terms (``nanoverl_core.algos.compute_actor_loss``).
+    obj: a ``nanoverl_core.protocols.PolicyLoss``, ``fn(inputs: PolicyLossInputs, config: ActorConfig)
+    -> (loss, metrics)``: a scalar loss and ``actor/<name>`` metrics that are this micro-batch's share
+    of the mini-batch value. ``Actor.update`` calls it through ``nanoverl_core.algos.compute_actor_loss``,
+    which adds the entropy and KL terms.
     """
 
 

@@ -1,10 +1,17 @@
 """What the trainer needs from the components plugins register: one `typing.Protocol` each.
 
-`Workers` (nanoverl_core.workers) holds an `Actor` (the policy), an optional frozen `Actor` (the
-reference) and an optional `Critic`; `make_rollout` returns a `Rollout`. `TorchActor` / `TorchCritic`
-implement the worker protocols over any Hugging Face-style module, so a backend usually only builds
-modules; `nanoverl_core.testing` checks an implementation against these contracts. The rules on
-rows, ranks, seeding and lifetime that every backend follows are in `nanoverl_core.hookspecs`.
+Two kinds. The objects a run works with: `Workers` (nanoverl_core.workers) holds an `Actor` (the
+policy), an optional frozen `Actor` (the reference) and an optional `Critic`; a `Rollout` generates;
+a `Tracker` logs. And the callables the hooks of `nanoverl_core.hookspecs` register, which build or
+are those components: `MakeWorkers`, `MakeRollout`, `Estimator`, `RewardFn`, `PolicyLoss`,
+`MakeTracker`. The framework reads a few optional attributes off a registered callable (with
+`getattr` and a default: a callable without them is valid); each protocol's docstring lists them
+under "Optional attributes" and says what the framework does with them.
+
+`TorchActor` / `TorchCritic` implement the worker protocols over any Hugging Face-style module, so a
+backend usually only builds modules; `nanoverl_core.testing` checks an implementation against these
+contracts (`check_actor` calls `update` exactly as the trainer does). The rules on rows, ranks,
+seeding and lifetime that every backend follows are in `nanoverl_core.hookspecs`.
 
 Shapes: B = rows, R = response length (the batch's `responses` width).
 """
@@ -13,18 +20,30 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
 
+    from .algos.losses import PolicyLossInputs
     from .batch import RLBatch
+    from .config import ActorConfig, AlgorithmConfig, Config
     from .rollout import SamplingParams
+    from .workers import Workers
 
 
 @runtime_checkable
 class Actor(Protocol):
-    """A policy (trainable) or the reference (frozen: `update` is never called on it)."""
+    """A policy (trainable) or the reference (frozen: `update` is never called on it).
+
+    Optional attributes:
+      * ``lora``: True for an actor that trains a LoRA adapter; `full_tensors` then yields the merged
+        model's entries under the base model's names, and `nanoverl_core.testing.check_actor` checks that.
+      * ``save_adapter``: ``save_adapter(folder) -> Path`` writes the adapter as a peft folder; with
+        ``base_tensors()`` (the frozen base's entries), ``lora_rank`` and ``adapted_embedding`` it lets
+        nanoverl-vllm load the adapter on its own (``[rollout.vllm] lora_sync = "adapter"``;
+        `nanoverl_hf.lora.LoraActor` has them). Without it that sync mode is a ConfigError.
+    """
 
     module: torch.nn.Module
     """The torch module: module(input_ids=, attention_mask=, position_ids=).logits is (B, T, V)."""
@@ -34,9 +53,24 @@ class Actor(Protocol):
     def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) log pi(response token) at the rollout temperature, 0 on padding, on the CPU, no grad."""
 
-    def update(self, batch: RLBatch, *, on_policy: bool = False) -> dict[str, float]:
-        """PPO epochs over the batch (it holds old_log_probs unless `on_policy`, advantages, ...);
-        returns the step's metrics, equal however the work is split into micro-batches or ranks."""
+    def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False) -> dict[str, float]:
+        """PPO epochs over the batch; returns the step's metrics (``actor/<name>`` -> float), equal however
+        the work is split into micro-batches or ranks (nanoverl_core.algos.losses says how).
+
+        The trainer calls ``actor.update(batch, policy_loss, on_policy=...)``. The batch holds
+        ``responses``, ``response_mask`` (the tokens in the sequence), ``loss_mask`` (the tokens the loss,
+        its normalisers and metrics count), ``advantages`` (B, R), ``old_log_probs`` (B, R) (possibly
+        absent when `on_policy`), ``ref_log_probs`` when ``actor.use_kl_loss`` and ``rollout_is_weights``
+        when rollout correction weights the loss. `policy_loss` is the registered loss (``actor.policy_loss``, see
+        `PolicyLoss`). Per micro-batch: build `nanoverl_core.algos.PolicyLossInputs` (the log-probs with
+        grad, at the rollout temperature; old log-probs; advantages; loss_mask; the mini-batch's normalisers;
+        the rollout weights), get ``loss, metrics = compute_actor_loss(policy_loss, inputs, config.actor,
+        entropy=..., ref_log_prob=...)`` (nanoverl_core.algos: it calls ``policy_loss(inputs,
+        config.actor)`` and adds the entropy and KL terms) and backpropagate the loss; then step.
+        on_policy: this is the step's only optimizer step and the batch was sampled by this very
+        policy: take the old log-probs from this forward pass (detached) instead of the batch, and say
+        so in ``PolicyLossInputs.on_policy``.
+        """
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, full unsharded tensor) for every state-dict entry, one at a time (a collective under
@@ -79,11 +113,13 @@ class Rollout(Protocol):
     def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
         """One response per row of `batch` (rows already repeated rollout.n times, `prompts` /
         `prompt_mask` left-padded (B, P)), rows in the same order: `responses` and `response_mask`
-        (B, R) right-padded, the mask covering tokens up to and including EOS (build them with
-        `nanoverl_core.responses_to_batch`), optionally `rollout_log_probs` (B, R). Sampling seeds
-        come from torch's global generator; a greedy call draws nothing from it. Under torchrun a
-        sampled batch also holds `sample_seed` (B,) int64, the same for a row on any number of ranks
-        (`trainer.dist.shard_rollout`); an engine that seeds each request should use it."""
+        (B, R) right-padded, the mask covering tokens up to and including the stop token; `truncated`
+        (B,) bool, True for a row that ended without a stop token (cut at max_new_tokens or by the
+        engine); optionally `rollout_log_probs` (B, R). Build them with
+        `nanoverl_core.responses_to_batch`. Sampling seeds come from torch's global generator; a
+        greedy call draws nothing from it. Under torchrun a sampled batch also holds `sample_seed`
+        (B,) int64, the same for a row on any number of ranks (`trainer.dist.shard_rollout`); an
+        engine that seeds each request should use it."""
 
     def sync_weights(self, actor: Actor) -> None:
         """Make the next `generate` use the actor's current weights (`actor.full_tensors()`)."""
@@ -103,3 +139,91 @@ class Tracker(Protocol):
     def state_dict(self) -> dict: ...
 
     def close(self, success: bool) -> None: ...
+
+
+# ---- what the hooks register ----------------------------------------------------------------------
+class MakeWorkers(Protocol):
+    """`register_workers`: ``make_workers(config) -> Workers`` (selected by ``worker.name``).
+
+    Returns the tokenizer plus the actor, the reference (None unless ``reference.enable``) and the
+    critic (None unless ``critic.enable``), following `Actor` and `Critic`.
+
+    Optional attributes:
+      * ``check_config``: ``check_config(config) -> None`` raises ConfigError for what it can check
+        cheaply (files, packages, settings); called before the run directory is written or a model loads.
+      * ``export_checkpoint``: ``export_checkpoint(checkpoint: Path, out: Path, config: Config) -> None``
+        writes a checkpoint's policy as a save_pretrained folder into ``out``: what ``nanoverl-train
+        export`` calls; without it export is a ConfigError (the checkpoint holds plain weights).
+      * ``supports_lora``: True if the workers train a LoRA adapter under ``[model.lora]``; any other
+        worker with ``model.lora.enable`` is a ConfigError listing those that can.
+    """
+
+    def __call__(self, config: Config) -> Workers: ...
+
+
+class MakeRollout(Protocol):
+    """`register_rollouts`: ``make_rollout(config, workers) -> Rollout`` (selected by ``rollout.name``).
+
+    Optional attributes:
+      * ``check_config``: ``check_config(config) -> None`` raises ConfigError before any model loads,
+        as the worker factory's.
+    """
+
+    def __call__(self, config: Config, workers: Workers) -> Rollout: ...
+
+
+class Estimator(Protocol):
+    """`register_advantage_estimators`: ``fn(batch, config) -> (advantages, returns)``, both (B, R) float,
+    0 on padding (selected by ``algorithm.advantage_estimator``).
+
+    It reads ``token_level_rewards``, ``loss_mask`` (the tokens that count: the rollout's ``response_mask``
+    less truncated or rejected tokens), ``values`` (when a critic runs) and the
+    non-tensor ``uid`` (rows sharing a uid come from one prompt); its own settings are ``config.settings``.
+
+    Optional attributes:
+      * ``requires_critic``: True if it reads ``values``; selecting it without ``critic.enable`` is then
+        a ConfigError before anything loads.
+    """
+
+    def __call__(self, batch: RLBatch, config: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class RewardFn(Protocol):
+    """`register_rewards`: ``fn(prompt, response, sample) -> float | dict`` (selected by ``reward.name``).
+
+    ``sample`` is the dataset row. A dict holds ``"score"`` and may add numeric keys, logged as
+    ``reward/<key>``; the score is placed on the last valid response token. A reward that registered
+    settings is called with them as ``settings=...``. (A function with a ``solution_str`` parameter is
+    called as verl calls ``compute_score``; nanoverl_core.reward.)
+
+    Optional attributes:
+      * ``batched``: True for ``fn(prompts, responses, samples) -> list[float | dict]``, one value per
+        row: called once per step with every row, in the trainer process, never in the reward workers
+        and without a timeout (a reward model loaded once).
+    """
+
+    def __call__(self, prompt: str, response: str, sample: dict, **settings: Any) -> float | dict: ...
+
+
+class PolicyLoss(Protocol):
+    """`register_policy_losses`: ``fn(inputs, config) -> (loss, metrics)`` (selected by ``actor.policy_loss``).
+
+    ``inputs`` is one micro-batch's `nanoverl_core.algos.PolicyLossInputs` (log-probs with grad, old
+    log-probs, advantages, the response mask, ``inputs.aggregate`` bound to the mini-batch normalisers,
+    ``inputs.on_policy``, ``inputs.rollout_is_weights``); ``config`` the ``[actor]`` section, the loss's own
+    settings in ``config.settings``. ``loss`` is a scalar tensor; ``metrics`` maps ``actor/<name>`` to
+    detached scalars that are this micro-batch's share of the mini-batch value (``inputs.token_mean(x)``),
+    so they sum exactly over micro-batches. `Actor.update` calls it through
+    ``nanoverl_core.algos.compute_actor_loss``, which adds the entropy and KL terms.
+    """
+
+    def __call__(self, inputs: PolicyLossInputs,
+                 config: ActorConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+class MakeTracker(Protocol):
+    """`register_trackers`: ``make_tracker(config, run_dir, state) -> Tracker`` (selected by
+    ``tracking.trackers``). ``state`` is what the tracker's ``state_dict()`` returned when the checkpoint
+    being resumed was saved, else None."""
+
+    def __call__(self, config: Config, run_dir: Path, state: dict | None) -> Tracker: ...

@@ -5,7 +5,8 @@
 
     batch = prompt_batch(workers.tokenizer, ["12=", "345="], n=2)
     batch.update(check_rollout(rollout, batch, max_new_tokens=4))    # returns one sampled output
-    check_actor(workers.actor, batch)
+    check_actor(workers.actor, batch)                                 # runs one real update
+    check_actor(workers.reference, batch, update=False)               # a frozen actor
 
 Each check raises AssertionError naming the rule a backend broke. The rules are those of
 `nanoverl_core.protocols` and of the hook docs in `nanoverl_core.hookspecs` (rows in order, seeds
@@ -21,8 +22,9 @@ from pathlib import Path
 
 import torch
 
+from .algos.losses import vanilla
 from .batch import RLBatch
-from .protocols import Actor, Rollout
+from .protocols import Actor, PolicyLoss, Rollout
 from .rollout import SamplingParams
 
 
@@ -43,7 +45,8 @@ def _check_outputs(out: RLBatch, rows: int, max_new_tokens: int) -> None:
     responses, mask = out["responses"], out["response_mask"]
     assert len(out) == rows, f"generate returned {len(out)} rows for {rows}: one response per row, in order"
     assert responses.dtype == torch.long and responses.dim() == 2, "responses must be (B, R) int64"
-    assert mask.shape == responses.shape, "response_mask must have the shape of responses"
+    assert mask.shape == responses.shape and mask.dtype.is_floating_point, \
+        "response_mask must be a float tensor with the shape of responses"
     assert responses.shape[1] <= max_new_tokens, f"responses are wider than max_new_tokens={max_new_tokens}"
     lengths = mask.sum(-1).long()
     prefix = (torch.arange(mask.shape[1]) < lengths[:, None]).to(mask.dtype)
@@ -53,14 +56,37 @@ def _check_outputs(out: RLBatch, rows: int, max_new_tokens: int) -> None:
         assert lp.shape == responses.shape, "rollout_log_probs must be (B, R) like responses"
         assert torch.all(lp * (1 - mask) == 0), "rollout_log_probs must be 0 on padding"
         assert torch.all(lp <= 1e-4), "rollout_log_probs are log-probabilities: at most 0"
+    truncated = out["truncated"] if "truncated" in out else None
+    assert truncated is not None and truncated.dtype == torch.bool and truncated.shape == (rows,), \
+        "generate must return truncated, (B,) bool: True for a row that ended without a stop token"
+    assert torch.all(lengths[~truncated] > 0), "a row that is not truncated must end with its stop token"
+
+
+def _rows(out: RLBatch) -> list[tuple[list[int], int, bool]]:
+    """(response tokens, valid length, truncated) of each row."""
+    return list(zip(out["responses"].tolist(), out["response_mask"].sum(-1).long().tolist(), out["truncated"].tolist()))
+
+
+def _check_stop_tokens(outputs: list[RLBatch]) -> None:
+    """What can be checked of `truncated` without knowing the engine's stop ids: the token that ends a
+    row that is not truncated is a stop id, and a response ends at its first stop token, so a stop id
+    may stand nowhere else (not inside a row, not in a truncated row) in any output of the engine."""
+    stops = {tokens[n - 1] for out in outputs for tokens, n, cut in _rows(out) if not cut}
+    for out in outputs:
+        for row, (tokens, n, cut) in enumerate(_rows(out)):
+            found = stops & set(tokens[:n] if cut else tokens[:n - 1])
+            assert not found, f"row {row} holds {sorted(found)} {'although truncated' if cut else 'before its end'}, " \
+                "a token that ends a row that is not truncated: a response ends at its first stop token, and " \
+                "truncated is True exactly for the rows without one"
 
 
 def check_rollout(rollout: Rollout, batch: RLBatch, max_new_tokens: int = 4) -> RLBatch:
     """A rollout's contract on `batch` (prompts, prompt_mask, uid); returns one sampled output.
 
-    Shapes and masks of generate's output; the same seed of torch's global generator gives the same
-    samples; a greedy call draws nothing from it; greedy rows do not depend on the other rows or their
-    order; close() exists.
+    Shapes, dtypes and masks of generate's output (responses, response_mask, truncated, optionally
+    rollout_log_probs); the same seed of torch's global generator gives the same samples; a greedy call
+    draws nothing from it; greedy rows do not depend on the other rows or their order; `truncated`
+    agrees with the stop tokens the outputs show (`_check_stop_tokens`); close() exists.
     """
     assert isinstance(rollout, Rollout), f"{type(rollout).__name__} lacks generate / sync_weights / close"
     sampled = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
@@ -74,23 +100,33 @@ def check_rollout(rollout: Rollout, batch: RLBatch, max_new_tokens: int = 4) -> 
     again = rollout.generate(batch, sampled)
     assert torch.equal(first["responses"], again["responses"]), \
         "sampling must be seeded from torch's global generator: the same seed must give the same responses"
+    assert torch.equal(first["truncated"], again["truncated"]), "the same responses must have the same truncated"
     state = torch.get_rng_state()
     plain = rollout.generate(batch, greedy)
     assert torch.equal(state, torch.get_rng_state()), "a greedy generate must not draw from torch's global generator"
     _check_outputs(plain, len(batch), max_new_tokens)
     order = list(reversed(range(len(batch))))
     flipped = rollout.generate(batch.index(order), greedy)
+    _check_outputs(flipped, len(batch), max_new_tokens)
     for row, source in enumerate(order):
         n = int(plain["response_mask"][source].sum())
-        assert torch.equal(flipped["responses"][row, :n], plain["responses"][source, :n]), \
+        assert torch.equal(flipped["responses"][row, :n], plain["responses"][source, :n]) \
+            and flipped["truncated"][row] == plain["truncated"][source], \
             "greedy responses must follow their own prompt whatever the row order"
+    _check_stop_tokens([first, plain, flipped])
     return first
 
 
-def check_actor(actor: Actor, batch: RLBatch) -> None:
-    """An actor's contract on a batch with responses: log-probs (B, R) on the CPU, no grad, finite,
-    at most 0, 0 on padding, stable across calls; full_tensors covers the state dict at full size (a LoRA
-    actor, `actor.lora`: the merged model's entries, unsharded, leaving the module's weights unchanged)."""
+def check_actor(actor: Actor, batch: RLBatch, *, update: bool = True,
+                policy_loss: PolicyLoss = vanilla) -> dict[str, float] | None:
+    """An actor's contract on a batch with responses (prompts, prompt_mask, responses, response_mask);
+    returns the update's metrics, or None with update=False (a frozen reference: nothing is trained).
+
+    Log-probs (B, R) on the CPU, no grad, finite, at most 0, 0 on padding, stable across calls;
+    full_tensors covers the state dict at full size (a LoRA actor, `actor.lora`: the merged model's
+    entries, unsharded, leaving the module's weights unchanged). Then one real update, called as the
+    trainer calls it (`_check_update`).
+    """
     assert isinstance(actor, Actor), f"{type(actor).__name__} lacks module / device / compute_log_probs / " \
                                      "update / full_tensors / save / load"
     mask = batch["response_mask"]
@@ -100,20 +136,57 @@ def check_actor(actor: Actor, batch: RLBatch) -> None:
     assert torch.isfinite(log_probs).all() and torch.all(log_probs <= 1e-4), "log-probs must be finite and <= 0"
     assert torch.all(log_probs * (1 - mask) == 0), "log-probs must be 0 on padding"
     torch.testing.assert_close(actor.compute_log_probs(batch), log_probs, msg="log-probs must not change between calls")
+    _check_full_tensors(actor)
+    return _check_update(actor, batch, log_probs, policy_loss) if update else None
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A state-dict entry at full size (a sharded DTensor gathered)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _check_full_tensors(actor: Actor) -> None:
     if getattr(actor, "lora", False):   # a LoRA actor yields the merged model's entries, not its wrapper's
-        before = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone() for k, v in actor.module.state_dict().items()}
+        before = {k: _full(v).clone() for k, v in actor.module.state_dict().items()}
         merged = [(name, tensor.clone()) for name, tensor in actor.full_tensors()]
         assert merged and all(not hasattr(t, "full_tensor") for _, t in merged), "full_tensors must be unsharded"
-        after = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in actor.module.state_dict().items()}
+        after = {k: _full(v) for k, v in actor.module.state_dict().items()}
         assert all(torch.equal(before[k], after[k]) for k in before), "full_tensors must not change the weights"
         return
     names = [name for name, _ in actor.full_tensors()]
     state = actor.module.state_dict()
     assert names == list(state), "full_tensors must yield every state-dict entry, in state-dict order"
     for name, tensor in actor.full_tensors():
-        local = state[name]
-        shape = local.full_tensor().shape if hasattr(local, "full_tensor") else local.shape
-        assert tensor.shape == shape and not hasattr(tensor, "full_tensor"), f"{name}: full_tensors must be unsharded"
+        assert tensor.shape == _full(state[name]).shape and not hasattr(tensor, "full_tensor"), \
+            f"{name}: full_tensors must be unsharded"
+
+
+def _check_update(actor: Actor, batch: RLBatch, log_probs: torch.Tensor,
+                  policy_loss: PolicyLoss) -> dict[str, float]:
+    """`actor.update(batch, policy_loss, on_policy=False)` on a copy of `batch` with old_log_probs and
+    ref_log_probs = the actor's log-probs and advantages +1 on every valid token: it returns finite float
+    metrics, changes the weights full_tensors yields (what a rollout loads), and raises the mean log-prob
+    of the responses (the loss is minimised), still 0 on padding."""
+    mask = batch["response_mask"]
+    assert mask.sum() > 0, "check_actor's update needs a batch with at least one response token"
+    train = batch.index(slice(None))                # a copy: the caller's batch keeps its columns
+    train["old_log_probs"], train["ref_log_probs"] = log_probs.clone(), log_probs.clone()
+    train["advantages"] = mask.float().clone()      # +1 on every valid token
+    train["loss_mask"] = mask.float().clone()       # every sampled token counts
+    before = {name: tensor.clone() for name, tensor in actor.full_tensors()}
+    metrics = actor.update(train, policy_loss, on_policy=False)
+    assert isinstance(metrics, dict) and metrics, "update must return its metrics, a dict of name -> float"
+    bad = {key: value for key, value in metrics.items()
+           if not (isinstance(key, str) and isinstance(value, float) and math.isfinite(value))}
+    assert not bad, f"update's metrics must be finite floats under string keys: {bad}"
+    assert any(not torch.equal(before[name], tensor) for name, tensor in actor.full_tensors()), \
+        "update must change the weights (full_tensors after it must differ)"
+    after = actor.compute_log_probs(batch)
+    assert torch.all(after * (1 - mask) == 0), "log-probs must be 0 on padding after an update"
+    rise = float(((after - log_probs) * mask).sum() / mask.sum())
+    assert rise > 0, f"an update with advantages +1 must raise the responses' mean log-prob (it moved by {rise:.3g}): " \
+                     "is the loss minimised?"
+    return metrics
 
 
 def assert_same_adam_step(got: dict, want: dict, grads_got: dict, grads_want: dict, *, grad_rtol: float = 1e-5,

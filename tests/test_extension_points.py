@@ -177,9 +177,10 @@ def test_the_debug_backends_keep_the_rollout_and_actor_contracts(log_probs):
     workers = make_workers(cfg)
     batch = prompt_batch(workers.tokenizer, ["12=", "345=", "6="], n=2)
     batch.update(check_rollout(make_rollout(cfg, workers), batch, max_new_tokens=4))
-    check_actor(workers.actor, batch)
-    if log_probs:  # the engine's log-probs are the trainer's, up to float rounding
+    if log_probs:  # the engine's log-probs are the trainer's, up to float rounding (before the update)
         torch.testing.assert_close(batch["rollout_log_probs"], workers.actor.compute_log_probs(batch), atol=1e-5, rtol=0)
+    metrics = check_actor(workers.actor, batch)                       # one real update
+    assert {"actor/pg_loss", "actor/loss", "actor/grad_norm", "actor/lr"} <= metrics.keys()
 
 
 def test_a_broken_rollout_fails_the_contract_check_by_rule():

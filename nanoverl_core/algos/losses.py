@@ -22,12 +22,12 @@ Policy losses are registered components (`register_policy_losses`, selected by `
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 import torch
 
+from ..protocols import PolicyLoss  # what a registered loss is (re-exported for workers)
 from .kl import kl_penalty
 from .utils import masked_sum
 
@@ -136,9 +136,6 @@ class PolicyLossInputs:
     def norms(self) -> dict[str, Any]:
         return {"loss_agg_mode": self.loss_agg_mode, "num_tokens": self.num_tokens, "num_seqs": self.num_seqs,
                 "loss_scale_factor": self.loss_scale_factor}
-
-
-PolicyLoss = Callable[[PolicyLossInputs, Any], tuple[torch.Tensor, Metrics]]
 
 
 # ---- built-in policy losses ------------------------------------------------------------------------

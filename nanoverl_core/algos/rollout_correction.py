@@ -105,16 +105,20 @@ Differences from verl 0.9 (`verl/trainer/ppo/rollout_corr_helper.py`):
   2. is_level="geometric" (IS weight exp(mean l)) is an addition; verl 0.9 only has geometric rejection.
   3. At most one ratio-band and one KL rejection criterion; verl chains any number ("token_k1,seq_max_k2").
   4. Row averages (chi2_seq, log_ppl_diff, training/rollout_ppl, rs_seq_frac, is_seq_frac_*) run
-     over valid rows; verl averages over all rows, counting an all-padding row as a perfect one.
+     over valid rows; verl averages over all rows. There an all-padding row counts as a perfect one
+     (ratio 1, perplexity 1, nothing rejected) except in rollout_is_seq_fraction_low, which counts it
+     as a low row (its mean raw weight is 0).
   5. kl_k3 clamps l to [-20, 20] (verl does not, so one huge log-ratio makes verl's metric inf / NaN).
   6. is_weight_max/min are over the applied weights at every level; verl reports the pre-truncation
      sequence ratio for is_level="sequence". is_seq_frac_* for is_level="token" count rows with any
-     token beyond the bound; verl compares each row's mean raw weight. ESS is 0, not inf, when every
-     weight is 0.
-  7. A batch with no valid token gives zero metrics, zero weights and an empty mask; verl raises.
+     token beyond the bound; verl compares each row's mean raw weight. ESS is 0 when every weight is
+     0; verl raises (a ZeroDivisionError in its ESS).
+  7. A batch with no valid token gives zero weights, an empty mask and zero metrics, except
+     is_batch_norm_factor, which is 1.0 (no normalisation); verl raises.
      is_threshold_low may be 0 (TRL's "*_mask" without clip_min); verl needs a positive bound.
-  8. Padding is sanitised first, so NaN / inf at padded positions never reach a weight (verl's token
-     weights would carry NaN there, harmless only because the loss masks them out).
+  8. Padding is sanitised first, so NaN / inf at padded positions never reach a weight. verl's token
+     weights carry NaN there under truncation (TIS), harmless only because the loss masks them out;
+     a band (IcePop) sets them to 0.
   9. Only the metrics above; verl's per-option RS statistics (mean/std/min/max of each criterion),
      rollout_is_std and the rollout_is_seq_mean/std/max/min/max_deviation family are not computed.
  10. TRL's "*_truncate" also clamps from below at clip_min; here (as in verl) truncation is upper only.

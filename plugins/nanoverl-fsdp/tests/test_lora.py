@@ -98,7 +98,8 @@ def test_a_sharded_lora_checkpoint_round_trips_and_keeps_the_actor_contract(tiny
         a, b = workers.actor.optimizer.state_dict()["state"], fresh.actor.optimizer.state_dict()["state"]
         assert a.keys() == b.keys() and all(torch.equal(a[k]["exp_avg"].to_local(), b[k]["exp_avg"].to_local())
                                             for k in a)
-        check_actor(fresh.actor, update_driver.fixed_batch(fresh.tokenizer))
+        check_actor(fresh.actor, update_driver.fixed_batch(fresh.tokenizer))              # one update included
+        check_actor(fresh.reference, update_driver.fixed_batch(fresh.tokenizer), update=False)   # adapter off
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

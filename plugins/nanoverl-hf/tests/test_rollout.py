@@ -205,16 +205,18 @@ def test_chat_prompts_render_through_the_tokenizers_template(chat_dir, make_conf
 
 @pytest.mark.parametrize("share", [True, False])
 def test_hf_rollout_and_worker_keep_the_core_contracts(tiny_dir, make_config, share):
-    """nanoverl_core.testing's checks: shapes and masks, seeding from torch's global generator, greedy
-    draws nothing, rows independent of their order; log-probs and full tensors of the actor."""
+    """nanoverl_core.testing's checks: shapes, masks and truncation, seeding from torch's global generator,
+    greedy draws nothing, rows independent of their order; log-probs, full tensors and one update of the
+    actor; the frozen reference without an update."""
     from nanoverl_core.testing import check_actor, check_rollout
     from nanoverl_core.testing import prompt_batch as contract_batch
 
-    workers = make_workers(make_config(tiny_dir))
+    workers = make_workers(make_config(tiny_dir, "reference.enable=true"))
     rollout = HFRollout(make_config(tiny_dir), workers, share=share)
     batch = contract_batch(workers.tokenizer, ["12=", "3456=", "7="], n=2)
     batch.update(check_rollout(rollout, batch, max_new_tokens=5))
     check_actor(workers.actor, batch)
+    check_actor(workers.reference, batch, update=False)
     rollout.close()
 
 
