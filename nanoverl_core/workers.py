@@ -445,7 +445,7 @@ class TorchActor(_TorchWorker):
         policy_loss: the registered loss (`actor.policy_loss`), see nanoverl_core.algos.PolicyLossInputs.
         on_policy: this is the step's only update and the batch was sampled by this very policy, so
             pi_old is this forward's policy: old log-probs are taken from it (detached) instead of
-            batch["old_log_probs"], and the loss is told so (Trainer decides, see its docstring).
+            batch["old_log_probs"], and the loss is told so (the trainer decides: `Trainer._build`).
         """
         cfg = self.config.actor
         scale = cfg.loss_scale_factor or self.config.rollout.max_new_tokens

@@ -1,8 +1,9 @@
-"""docs/plugins.md stays true: its hooks match the hook specs, and its minimal plugin works as written.
+"""docs/plugins.md stays true: its hooks match the hook specs, and its two example plugins work as written.
 
-The minimal plugin is every fenced block of the guide whose first line is `# file: <path>`; it is
-written to a tmp folder, installed with `pip install --no-deps --target`, and run through the real
-CLI in subprocesses with that folder on PYTHONPATH (entry points come from the installed dist-info).
+An example plugin is the fenced blocks of the guide whose first line is `# file: <path>`: the reward
+plugin's are those before the heading of the policy-loss example, the loss plugin's those under it.
+Each is written to a tmp folder, installed with `pip install --no-deps --target`, and run through the
+real CLI in subprocesses with that folder on PYTHONPATH (entry points come from the installed dist-info).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ GUIDE = ROOT / "docs" / "plugins.md"
 HOOK_HEADING = re.compile(r"^### `(register_\w+)\((.*)\) -> (.+)`$", re.M)
 KIND_ROW = re.compile(r"^\| `(register_\w+)` \| `(\w+)` \|", re.M)
 FILE_BLOCK = re.compile(r"^```\w*\n# file: (\S+)\n(.*?)^```$", re.M | re.S)
+LOSS_HEADING = "## A policy loss with its own settings"
 
 
 def spec_signature(fn) -> tuple[str, str]:
@@ -60,13 +62,17 @@ def test_guide_and_hookspecs_state_the_same_register_signature():
     assert line in hookspecs.__doc__ and line in GUIDE.read_text()
 
 
-# ---- (b) the guide's minimal plugin works as written ---------------------------------------------
-@pytest.fixture(scope="module")
-def guide_plugin(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """The guide's files written to <tmp>/pkg and pip-installed into <tmp>/site; returns (pkg, env)."""
-    tmp = tmp_path_factory.mktemp("guide-plugin")
-    files = FILE_BLOCK.findall(GUIDE.read_text())
-    assert {path for path, _ in files} >= {"pyproject.toml", "src/nanoverl_prefix_reward/plugin.py"}, files
+# ---- (b) the guide's example plugins work as written ---------------------------------------------
+def guide_files(example: str) -> list[tuple[str, str]]:
+    """(path, body) of the `# file:` blocks of the guide's "reward" or "loss" example plugin."""
+    guide = GUIDE.read_text()
+    start = guide.index(LOSS_HEADING)
+    end = guide.index("\n## ", start + 1)
+    return FILE_BLOCK.findall(guide[:start] if example == "reward" else guide[start:end])
+
+
+def install(tmp: Path, files: list[tuple[str, str]]) -> tuple[Path, dict[str, str]]:
+    """The files written to <tmp>/pkg and pip-installed into <tmp>/site; returns (pkg, env)."""
     for path, body in files:
         (tmp / "pkg" / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp / "pkg" / path).write_text(f"# file: {path}\n{body}")
@@ -74,6 +80,23 @@ def guide_plugin(tmp_path_factory) -> tuple[Path, dict[str, str]]:
                     "--disable-pip-version-check", "--target", str(tmp / "site"), str(tmp / "pkg")],
                    check=True, capture_output=True, text=True)
     return tmp / "pkg", cli_env(PYTHONPATH=str(tmp / "site"))
+
+
+@pytest.fixture(scope="module")
+def guide_plugin(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The guide's reward plugin, installed; returns (pkg, env)."""
+    files = guide_files("reward")
+    assert {path for path, _ in files} >= {"pyproject.toml", "src/nanoverl_prefix_reward/plugin.py"}, files
+    return install(tmp_path_factory.mktemp("guide-plugin"), files)
+
+
+@pytest.fixture(scope="module")
+def guide_loss_plugin(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The guide's policy-loss plugin, installed; returns (pkg, env)."""
+    files = guide_files("loss")
+    assert {path for path, _ in files} >= {"pyproject.toml", "src/nanoverl_ppo_penalty/plugin.py",
+                                           "src/nanoverl_ppo_penalty/settings.py"}, files
+    return install(tmp_path_factory.mktemp("guide-loss-plugin"), files)
 
 
 def test_guide_plugin_is_listed_with_its_version_hook_and_name(guide_plugin):
@@ -114,3 +137,56 @@ def test_guide_plugin_reward_is_used_by_name_in_a_debug_run(guide_plugin, tmp_pa
         expected = len(os.path.commonprefix([target, response])) / len(target)
         assert row["score"] == pytest.approx(expected), row
     assert json.loads((run_dir / "config.json").read_text())["plugins"]["nanoverl-prefix-reward"] == "0.1.0"
+
+
+# ---- (c) the guide's policy loss with settings works as written --------------------------------------
+LOSS_OVERRIDES = ["actor.policy_loss=ppo_penalty", "actor.ppo_penalty.beta=0.05"]  # as the guide writes them
+
+
+def test_guide_loss_plugin_is_listed_with_its_hook_and_name(guide_loss_plugin):
+    _, env = guide_loss_plugin
+    proc = run_cli("plugins", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    listed = {p["dist"]: p for p in json.loads(proc.stdout)}["nanoverl-ppo-penalty"]
+    assert (listed["hooks"], listed["names"], listed["error"]) == (["register_policy_losses"],
+                                                                   {"policy_loss": ["ppo_penalty"]}, "")
+
+
+def test_guide_loss_plugin_own_tests_pass_as_written(guide_loss_plugin):
+    pkg, env = guide_loss_plugin
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")],
+                          cwd=pkg, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "3 passed" in proc.stdout
+
+
+def test_guide_loss_and_its_setting_reach_a_debug_run(guide_loss_plugin, tmp_path):
+    """--dry-run shows the [actor.ppo_penalty] table; in a run, the loss is logged as actor/pg_loss next to
+    its own actor/penalty_kl, and beta moves pg_loss by exactly beta times the logged token-mean KL."""
+    _, env = guide_loss_plugin
+    assert f"`{' '.join(LOSS_OVERRIDES)}`" in GUIDE.read_text()
+    base = ["--config", str(EXAMPLES / "debug_reinforce.toml"), "actor.ppo_epochs=2", "trainer.total_steps=1",
+            "trainer.val_every=0", "trainer.save_every=0", "trainer.rollout_samples=0", "tracking.trackers=[jsonl]"]
+    dry = run_cli(*base, *LOSS_OVERRIDES, "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    resolved = json.loads(dry.stdout)
+    assert resolved["config"]["actor"]["ppo_penalty"] == {"beta": 0.05}
+    assert {"kind": "policy_loss", "name": "ppo_penalty", "provider": "nanoverl-ppo-penalty"} in resolved["plugins"]
+
+    runs = {}
+    for beta in (0.05, 0.0):
+        run_dir = tmp_path / f"beta{beta}"
+        proc = run_cli(*base, "actor.policy_loss=ppo_penalty", f"actor.ppo_penalty.beta={beta}",
+                       f"trainer.output_dir={run_dir}", env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        [runs[beta]] = read_metrics(run_dir)
+    with_penalty, without = runs[0.05], runs[0.0]
+    assert "actor/pg_clipfrac" not in with_penalty and with_penalty["actor/penalty_kl"] > 0
+    # the first epoch is on the sampling policy (KL 0, no KL gradient), so both runs reach the second
+    # with the same weights: the loss differs by beta * KL there, and both are averaged over 2 steps
+    assert with_penalty["actor/penalty_kl"] == pytest.approx(without["actor/penalty_kl"], rel=1e-4)
+    assert with_penalty["actor/pg_loss"] - without["actor/pg_loss"] == pytest.approx(
+        0.05 * with_penalty["actor/penalty_kl"], rel=1e-3)
+
+    bad = run_cli(*base, "actor.policy_loss=ppo_penalty", "actor.ppo_penalty.beta=-1", "--dry-run", env=env)
+    assert bad.returncode == 2 and "actor.ppo_penalty.beta" in bad.stderr, bad.stderr

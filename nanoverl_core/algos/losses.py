@@ -8,8 +8,9 @@ Gradient accumulation. An optimizer step sees a mini-batch; it may be split into
 that each run forward/backward. Pass every micro-batch the totals of the whole mini-batch
 (`loss_totals(mini_batch_mask)`: num_tokens, num_seqs) and call backward on each micro-batch loss
 with no further scaling: the summed gradients then equal the gradient of the whole mini-batch's
-loss computed in one piece. Under data parallelism with gradients *averaged* over D ranks, pass the
-global totals divided by D (verl's `agg_loss` multiplies by dp_size instead).
+loss computed in one piece. Under data parallelism over D ranks the totals are global (summed over
+ranks), and since FSDP *averages* gradients over ranks, the worker multiplies each micro-batch loss
+by D before backward (`_TorchWorker.optimizer_step`), as verl's `agg_loss` multiplies by dp_size.
 
 Metrics follow the same rule: every metric a loss returns is this micro-batch's *share* of the
 mini-batch value (a token mean is `masked_sum(x) / num_tokens` with the mini-batch's num_tokens), so

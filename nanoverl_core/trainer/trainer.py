@@ -1,4 +1,4 @@
-"""The synchronous trainer: one RL step, top to bottom, in the order of the seed overview.
+"""The synchronous trainer: one RL step, top to bottom, in the order README.md lists ("How a training step works").
 
     1. load a batch of prompts            7. token-level rewards and advantages
     2. expand each prompt n times         8. update the critic
