@@ -212,7 +212,7 @@ def head_memory(actor, positions: int, chunk: int) -> dict:
 
 def time_updates(spec: dict) -> dict:
     """Seconds per update, chunked vs full logits, on one module, interleaved (spec["repeats"] each)."""
-    from nanoverl_core.lm_head import ChunkedHead
+    from nanoverl_core.workers import ChunkedHead
 
     actor, batch = update_actor(spec, spec["chunk"])
     heads = {"chunked": ChunkedHead.of(actor.module, spec["chunk"]), "plain": None}

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from nanoverl_core.algos import entropy_from_logits, logprobs_from_hidden, logprobs_from_logits
-from nanoverl_core.lm_head import ChunkedHead
+from nanoverl_core.workers import ChunkedHead
 
 B, R, H, V = 3, 9, 16, 300
 

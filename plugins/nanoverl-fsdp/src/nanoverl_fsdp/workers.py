@@ -44,7 +44,8 @@ from nanoverl_core import RLBatch, TorchActor, TorchCritic, Workers
 from nanoverl_core.algos import loss_totals
 from nanoverl_core.config import Config
 from nanoverl_core.errors import CheckpointMismatch
-from nanoverl_core.workers import checkpoint_fits, load_tensors, resolve_device, save_tensors
+from nanoverl_core.workers import (checkpoint_fits, load_scheduler, load_tensors, resolve_device, save_scheduler,
+                                   save_tensors)
 from nanoverl_hf.models import DTYPES, build_modules, check_model_source, resolve_source
 
 from . import parallel
@@ -174,7 +175,7 @@ class _Sharded:
             if getattr(self, "lora", False):                # adapter_config.json, as peft writes it
                 self.module.peft_config["default"].save_pretrained(str(path))
             if self.scheduler is not None:
-                (path / "scheduler.json").write_text(json.dumps(self.scheduler.state_dict()))
+                save_scheduler(path, self.scheduler)
 
     @torch.no_grad()
     def load(self, path: Path) -> None:
@@ -193,7 +194,7 @@ class _Sharded:
                                optim_state_dict=_fill(state["optimizer"], optimizer, "optimizer"),
                                options=self._options(load=True))
             if self.scheduler is not None:
-                self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+                load_scheduler(path, self.scheduler)
 
 class FSDPActor(_Sharded, TorchActor):
     """A sharded policy (trainable) or reference (frozen)."""

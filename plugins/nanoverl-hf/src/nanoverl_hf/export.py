@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nanoverl_core.config import Config
-from nanoverl_core.workers import checkpoint_fits
+from nanoverl_core.workers import MODEL_FILE, checkpoint_fits
 
 from .models import load_policy, load_tokenizer, neutral_generation_config, resolve_source
 
@@ -29,7 +29,7 @@ def export_checkpoint(checkpoint: Path, out: Path, config: Config) -> None:
         model = merged_lora_policy(model, checkpoint / "actor", config)
     else:
         with checkpoint_fits(checkpoint):   # another architecture's weights: a CheckpointError naming the folder
-            load_model(model, str(checkpoint / "actor" / "model.safetensors"))
+            load_model(model, str(checkpoint / "actor" / MODEL_FILE))
     model.generation_config = neutral_generation_config(model, tokenizer, stop_token_ids(tokenizer, model))
     model.config.use_cache = True       # training turned the KV cache off; generation wants it
     model.save_pretrained(out)

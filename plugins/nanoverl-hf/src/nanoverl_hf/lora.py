@@ -25,7 +25,6 @@ require grad, holds Adam state for the adapter alone.
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 from nanoverl_core import ConfigError, TorchActor, TorchCritic
 from nanoverl_core.config import Config
 from nanoverl_core.errors import CheckpointMismatch
-from nanoverl_core.workers import checkpoint_fits, load_tensors, save_tensors
+from nanoverl_core.workers import checkpoint_fits, load_optimizer, save_optimizer
 
 INSTALL = 'pip install "nanoverl-hf[lora]"'
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -229,8 +228,7 @@ class _AdapterCheckpoint:
         save_file(state, str(path / ADAPTER_FILE))
         self.module.peft_config["default"].save_pretrained(str(path))    # adapter_config.json
         if self.optimizer is not None:
-            save_tensors(self.optimizer.state_dict(), path / "optimizer.pt")
-            (path / "scheduler.json").write_text(json.dumps(self.scheduler.state_dict()))
+            save_optimizer(path, self.optimizer, self.scheduler)
 
     def load(self, path: Path) -> None:
         from safetensors.torch import load_file
@@ -241,8 +239,7 @@ class _AdapterCheckpoint:
         with checkpoint_fits(path):
             load_adapter(self.module, load_file(str(path / ADAPTER_FILE), device=str(self.device)))
             if self.optimizer is not None:
-                self.optimizer.load_state_dict(load_tensors(path / "optimizer.pt", self.device))
-                self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+                load_optimizer(path, self.optimizer, self.scheduler, self.device)
 
 
 def load_adapter(peft_model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .algos import logprobs_from_hidden
+from ..algos import logprobs_from_hidden
 
 
 class ChunkedHead:

@@ -1,24 +1,19 @@
-"""Policy / reference / value workers.
+"""The PPO mechanics every backend shares: `TorchActor` and `TorchCritic` over Hugging Face-style modules.
 
-A worker plugin registers ``make_workers(config) -> Workers``. Its job is to build torch modules
-and a tokenizer; the PPO mechanics (micro-batches, gradient accumulation, clipping, schedule, loss
-normalisation, checkpoints) live here once, in ``TorchActor`` and ``TorchCritic``, so every backend
-updates the same way. A backend may subclass them (FSDP overrides the data-parallel and checkpoint
-parts).
+Micro-batches (by rows or by a token budget), gradient accumulation with the mini-batch's
+normalisers, clipping, the learning-rate schedule, the data-parallel hooks a sharded backend
+overrides (`dp_size`, `global_sum`, `global_max`, `minibatches`) and the policy / value passes.
 
-Module conventions (Hugging Face style): ``module(input_ids=, attention_mask=, position_ids=)``
-returns an object with ``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` for a value model. A
-policy whose ``get_output_embeddings()`` is an ``nn.Linear`` gets its response log-probs through that
-head a chunk of positions at a time instead (``actor.logits_chunk_size``, nanoverl_core/lm_head.py).
-A module whose forward takes a KV cache (``cache=`` or ``past_key_values=``, ``use_cache=``) runs each
-distinct prompt of a micro-batch once (``actor.share_prompts``, ``_TorchWorker.module_inputs``).
+Module conventions: ``module(input_ids=, attention_mask=, position_ids=)`` returns an object with
+``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` for a value model. A policy whose
+``get_output_embeddings()`` is an ``nn.Linear`` gets its response log-probs through that head a chunk
+of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py); a module whose forward takes
+a KV cache runs each distinct prompt of a micro-batch once (``actor.share_prompts``,
+workers/prompt_cache.py).
 """
 
 from __future__ import annotations
 
-import errno
-import inspect
-import json
 import math
 import sys
 from collections import defaultdict
@@ -29,13 +24,15 @@ from typing import Any
 import attrs
 import torch
 
-from .algos import PolicyLossInputs, compute_actor_loss, compute_value_loss, entropy_from_logits, logprobs_from_logits
-from .algos.losses import PolicyLoss
-from .batch import RLBatch
-from .config import Config, OptimConfig
-from .errors import CheckpointMismatch, ConfigError, UserError
+from ..algos import PolicyLossInputs, compute_actor_loss, compute_value_loss, entropy_from_logits, logprobs_from_logits
+from ..algos.losses import PolicyLoss
+from ..batch import RLBatch
+from ..config import Config, OptimConfig
+from ..errors import ConfigError, UserError
+from ..protocols import Actor, Critic
+from .checkpoint import MODEL_FILE, checkpoint_fits, load_optimizer, save_optimizer
 from .lm_head import ChunkedHead
-from .protocols import Actor, Critic
+from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
 
 
 class NonFiniteError(UserError):
@@ -101,48 +98,6 @@ def model_inputs(batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
-
-
-def forward_keyword(module: torch.nn.Module, *names: str) -> str | None:
-    """The first of `names` that module.forward takes as a keyword, or None. A wrapper that passes
-    **kwargs on to a model it exposes as `get_base_model()` (peft) is looked through."""
-    forwards = [module.forward]
-    if callable(getattr(module, "get_base_model", None)):
-        forwards.append(module.get_base_model().forward)
-    params = [inspect.signature(f).parameters for f in forwards]
-    return next((name for name in names if any(name in p for p in params)), None)
-
-
-def prompt_cache(module: torch.nn.Module, keyword: str, ids: torch.Tensor, mask: torch.Tensor,
-                 keeps_logits: bool = False) -> Any | None:
-    """The KV cache of left-padded prompts ids / mask (B, S) for every row, each distinct row run through the
-    module once and its cache indexed out to the rows that repeat it (differentiable: autograd sums a
-    prompt's gradient over its rows). `keyword` is the module's `cache_keyword`; keeps_logits: its forward
-    takes logits_to_keep (only one position's logits are made). None when the module returned no cache."""
-    distinct, rows = torch.unique(torch.cat([ids, mask.to(ids.dtype)], 1), dim=0, return_inverse=True)
-    distinct_mask = distinct[:, ids.shape[1]:]
-    out = module(input_ids=distinct[:, :ids.shape[1]], attention_mask=distinct_mask, use_cache=True,
-                 position_ids=(distinct_mask.cumsum(-1) - 1).clamp(min=0),
-                 **({"logits_to_keep": 1} if keeps_logits else {}))
-    cache = getattr(out, keyword, None)
-    if cache is not None:
-        cache.reorder_cache(rows)     # (distinct, ...) -> (B, ...) for every layer type (batch_select_indices
-    return cache                      # misses recurrent states)
-
-
-def _checkpointed(module: torch.nn.Module) -> bool:
-    """Whether a transformers model (under peft: its base model) has activation checkpointing on."""
-    if callable(getattr(module, "get_base_model", None)):
-        module = module.get_base_model()
-    name = "is_activation_checkpointing" if hasattr(type(module), "is_activation_checkpointing") \
-        else "is_gradient_checkpointing"                                    # the name before transformers 5.2x
-    return bool(getattr(module, name, False))
-
-
-def cache_keyword(module: torch.nn.Module) -> str | None:
-    """The forward's KV-cache keyword: `cache` (transformers >= 5.2x), `past_key_values` (before), or None.
-    The output carries the cache under the same name."""
-    return forward_keyword(module, "cache", "past_key_values") if forward_keyword(module, "use_cache") else None
 
 
 class _TorchWorker:
@@ -217,7 +172,7 @@ class _TorchWorker:
         plain = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **keep}
         split = ids.shape[1] - width - 1                 # prompt columns that go into the cache
         training = torch.is_grad_enabled() and self.module.training
-        plain_backward = training and (not self.cached_backward or _checkpointed(self.module))
+        plain_backward = training and (not self.cached_backward or checkpointed(self.module))
         # under FSDP every rank must run as many forwards: one rank's one-token prompts make all run plain
         if self.cache_keyword is None or plain_backward or self.global_max(int(split < 1)):
             return plain, width
@@ -315,22 +270,20 @@ class _TorchWorker:
         out[f"{self.metric_prefix}/lr"] = self.scheduler.get_last_lr()[0]
         return out
 
-    # checkpoints: safetensors for weights, weights-only torch.save for optimizer state, JSON for the rest
+    # checkpoints (file names and formats: workers/checkpoint.py)
     def save(self, path: Path) -> None:
         from safetensors.torch import save_model
         path.mkdir(parents=True, exist_ok=True)
-        save_model(self.module, str(path / "model.safetensors"))
+        save_model(self.module, str(path / MODEL_FILE))
         if self.optimizer is not None:
-            save_tensors(self.optimizer.state_dict(), path / "optimizer.pt")
-            (path / "scheduler.json").write_text(json.dumps(self.scheduler.state_dict()))
+            save_optimizer(path, self.optimizer, self.scheduler)
 
     def load(self, path: Path) -> None:
         from safetensors.torch import load_model
         with checkpoint_fits(path):
-            load_model(self.module, str(path / "model.safetensors"), device=str(self.device))
+            load_model(self.module, str(path / MODEL_FILE), device=str(self.device))
             if self.optimizer is not None:
-                self.optimizer.load_state_dict(load_tensors(path / "optimizer.pt", self.device))
-                self.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+                load_optimizer(path, self.optimizer, self.scheduler, self.device)
 
 
 def token_budget_groups(prompt_lengths: list[int], response_lengths: list[int], max_tokens: int,
@@ -358,39 +311,6 @@ def token_budget_groups(prompt_lengths: list[int], response_lengths: list[int], 
                 continue
         groups.append([row])
     return groups
-
-
-def save_tensors(obj: Any, path: Path) -> None:
-    """torch.save of plain tensors / numbers / strings; a failed write (a full disk) is raised as the
-    OSError it is (torch reports it as a RuntimeError)."""
-    try:
-        torch.save(obj, path)
-    except RuntimeError as exc:
-        raise OSError(errno.EIO, f"writing {path.name} failed ({' '.join(str(exc).split())[:200]})", str(path)) from None
-
-
-def load_tensors(path: Path, device: torch.device | str = "cpu") -> Any:
-    """torch.load(weights_only=True): tensors and plain values only, nothing is unpickled."""
-    return torch.load(path, weights_only=True, map_location=device)
-
-
-class checkpoint_fits:
-    """A context manager around applying checkpoint files to modules and optimizers: what
-    load_state_dict raises for tensors or state that do not fit (and torch.load for a file that is not
-    a zip archive) becomes CheckpointMismatch, which the trainer reports as a user error. Anything
-    raised outside such a block is a bug and propagates as one."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if kind is not None and issubclass(kind, (RuntimeError, ValueError, KeyError)) \
-                and not issubclass(kind, (UserError, CheckpointMismatch)):
-            raise CheckpointMismatch(f"{kind.__name__}: {exc}") from None
-        return False
 
 
 class TorchActor(_TorchWorker):

@@ -1,0 +1,23 @@
+"""Policy / reference / value workers: the public names backends build on.
+
+A worker plugin registers ``make_workers(config) -> Workers``. Its job is to build torch modules and a
+tokenizer; the PPO mechanics live once in ``TorchActor`` and ``TorchCritic`` (workers/ppo.py), so
+every backend updates the same way. The package:
+
+    ppo.py           TorchActor, TorchCritic, Workers, micro-batches, optimizer steps
+    prompt_cache.py  each distinct prompt through the model once (training passes, the hf rollout)
+    lm_head.py       log-probs through the LM head a chunk of positions at a time
+    checkpoint.py    a worker's checkpoint files: their names, and how tensors are written and read
+"""
+
+from .checkpoint import (MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, checkpoint_fits, load_optimizer, load_scheduler,
+                         load_tensors, save_optimizer, save_scheduler, save_tensors)
+from .lm_head import ChunkedHead
+from .ppo import (NonFiniteError, TorchActor, TorchCritic, Workers, build_scheduler, mean_metrics, model_inputs,
+                  resolve_device, token_budget_groups)
+from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
+
+__all__ = ["MODEL_FILE", "OPTIMIZER_FILE", "SCHEDULER_FILE", "checkpoint_fits", "load_optimizer", "load_scheduler",
+           "load_tensors", "save_optimizer", "save_scheduler", "save_tensors", "ChunkedHead", "NonFiniteError",
+           "TorchActor", "TorchCritic", "Workers", "build_scheduler", "mean_metrics", "model_inputs", "resolve_device",
+           "token_budget_groups", "cache_keyword", "checkpointed", "forward_keyword", "prompt_cache"]
