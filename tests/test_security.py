@@ -108,8 +108,9 @@ def test_code_is_imported_only_from_entry_points_and_reward_file():
                 dynamic.setdefault(str(f.relative_to(ROOT)), []).append(_dotted(node.func).split(".")[-1])
     assert dynamic == {"nanoverl_core/__init__.py": ["import_module"],       # its own lazy public names
                        "nanoverl_core/plugins.py": ["import_module"],        # registered "module:attr" strings
-                       "nanoverl_core/reward_pool.py": ["spec_from_file_location", "import_module",  # reward.file; a registered
-                                                        "exec_module"]}  # reward in a worker
+                       "nanoverl_core/reward/__init__.py": ["import_module"],  # its own lazy public names
+                       "nanoverl_core/reward/calls.py": ["spec_from_file_location", "import_module",  # reward.file; a
+                                                         "exec_module"]}  # registered reward in a worker
 
 
 # ---- checkpoints: only safe formats, and a planted pickle never runs -----------------------------------

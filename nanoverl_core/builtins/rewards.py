@@ -4,20 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import RewardError
-
-GROUND_TRUTH_KEYS = ("reward_model.ground_truth", "ground_truth", "target", "answer")
+from ..reward.calls import ground_truth_value
 
 
 def ground_truth(sample: dict[str, Any]) -> str:
-    """The row's ground truth: the first of GROUND_TRUTH_KEYS (dotted paths) that is present."""
-    for key in GROUND_TRUTH_KEYS:
-        node: Any = sample
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None:
-            return str(node)
-    raise RewardError(f"the data row has no ground truth; add one of the fields {', '.join(GROUND_TRUTH_KEYS)}")
+    """The row's ground truth (reward.calls.GROUND_TRUTH_KEYS) as a string."""
+    return str(ground_truth_value(sample))
 
 
 def exact_match(prompt: str, response: str, sample: dict) -> float:

@@ -6,7 +6,7 @@ solution_str, ground_truth, extra_info)` runs unchanged), or several of either w
 (`[[reward.components]]`): the score is the weighted sum, each component is logged as
 `reward/<name>/mean`.
 
-Where the calls run (`reward_pool.py` has the machinery):
+Where the calls run (`pool.py` has the machinery, `calls.py` the call conventions):
   * per-row rewards run in `reward.workers` worker processes (default), so a reward that hangs,
     segfaults, calls `os._exit` or leaks memory costs one call and one worker, never the run;
   * `reward.workers = 0` calls them in the trainer process (debugging; a timeout then holds only in
@@ -37,13 +37,13 @@ from pathlib import Path
 import attrs
 import torch
 
-from .batch import RLBatch
-from .config import RewardConfig
-from .errors import RewardError
-from .plugins import Registry
-from .reward_pool import (CallError, ComponentSpec, RewardPool, call_checked, call_style, check_result, importable_ref,
-                          load_function)
-from .rollout import decode_responses
+from ..batch import RLBatch
+from ..config import RewardConfig
+from ..errors import RewardError
+from ..plugins import Registry
+from ..rollout import decode_responses
+from .calls import CallError, ComponentSpec, call_checked, call_style, check_result, importable_ref, load_function
+from .pool import RewardPool
 
 
 def component_specs(cfg: RewardConfig) -> list[ComponentSpec]:
@@ -221,7 +221,7 @@ class RewardScorer:
 
     def _write_failures(self, batch, texts, failures, phase, step) -> None:
         """Append each failed call to reward_errors.jsonl (rank 0 only: every rank scores the whole batch)."""
-        from .trainer.dist import is_rank0
+        from ..trainer.dist import is_rank0
 
         if self.errors_path is None or not is_rank0():
             return

@@ -1,0 +1,25 @@
+"""Rewards: the trainer's scoring stage, how one reward is called, and the worker processes that call them.
+
+    scoring.py  RewardScorer: the configured rewards (one, a file, or weighted components) over a batch,
+                under reward.on_error; the trainer's reward stage (score_batch) and the overlong penalty
+    calls.py    one call: the nanoverl and verl call conventions, loading a reward.file, checking results
+    pool.py     RewardPool: worker processes with timeouts, crash isolation and a memory cap
+
+The worker processes import `nanoverl_core.reward.pool` without torch, so this package imports its
+modules lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {"RewardScorer": "scoring", "component_specs": "scoring", "load_reward_fn": "scoring",
+         "overlong_penalty": "scoring", "place_scores": "scoring", "ComponentSpec": "calls", "CallError": "calls",
+         "GROUND_TRUTH_KEYS": "calls", "ground_truth_value": "calls", "RewardPool": "pool"}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

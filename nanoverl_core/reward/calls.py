@@ -1,0 +1,162 @@
+"""Calling one reward function and checking what it returned (no torch here).
+
+A reward call gets one response and returns a float or a dict with "score". Two call styles:
+
+    nanoverl   fn(prompt, response, sample[, settings=...])
+    verl       fn(data_source, solution_str, ground_truth, extra_info)  -- recognised by a parameter
+               named `solution_str`; ground_truth is the row's reward_model.ground_truth, extra_info its
+               extra_info, so a verl `compute_score` file runs unchanged.
+
+`call_checked` makes the call and checks what came back; every failure is a `CallError` with a kind:
+"raised", "invalid" (not a finite number), "memory" (MemoryError), and, from the pool, "timeout" and
+"crash" (the worker process died: a segfault, `os._exit`, the kernel's OOM killer).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import numbers
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..errors import ConfigError, RewardError
+
+GROUND_TRUTH_KEYS = ("reward_model.ground_truth", "ground_truth", "target", "answer")
+"""Where a data row holds its ground truth, in order (dotted paths into nested dicts)."""
+
+
+@attrs.frozen
+class ComponentSpec:
+    """What a process needs to load one reward: a registry name, or a file and a function in it."""
+
+    label: str
+    """The name in metrics (reward/<label>/mean) and messages."""
+    name: str = ""
+    file: str = ""
+    function: str = "compute_score"
+    settings: Any = None
+    """The reward's own settings object ([reward.<name>]), passed as settings=..."""
+    weight: float = 1.0
+    ref: str = ""
+    """"module:qualname" of a registered reward's function, which a worker imports (a name registered
+    in code, not through an entry point, resolves there too)."""
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.function}" if self.file else self.name
+
+
+class CallError(Exception):
+    """One failed reward call: kind is raised / invalid / memory / timeout / crash."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+def importable_ref(fn: Callable) -> str:
+    """"module:qualname" of a function another process can import, or "" (a closure, __main__'s)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<" in qualname:
+        return ""
+    return f"{module}:{qualname}"
+
+
+def load_function(spec: ComponentSpec, registry=None) -> Callable:
+    """The reward function of `spec`: the file is imported, a ref imported, else the name is resolved."""
+    if spec.ref and not spec.file:
+        module, _, qualname = spec.ref.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+    if not spec.file:
+        if registry is None:
+            from ..plugins import load_registry
+            registry = load_registry()
+        return registry.get("reward", spec.name, key="reward.name")
+    path = Path(spec.file)
+    if not path.is_file():
+        raise ConfigError(f"reward.file = {spec.file!r} does not exist; fix the path or use reward.name")
+    module_spec = importlib.util.spec_from_file_location(f"nanoverl_reward_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise RewardError(f"reward.file {path} failed to import ({type(exc).__name__}: {exc})") from None
+    fn = getattr(module, spec.function, None)
+    if not callable(fn):
+        raise ConfigError(f"reward.function = {spec.function!r} is not a function in {path}; "
+                          "set reward.function to the function's name")
+    return fn
+
+
+def call_style(fn: Callable) -> str:
+    """"batched" (fn.batched = True: lists in, a list out), "verl" (has `solution_str`), or "nanoverl"."""
+    if getattr(fn, "batched", False):
+        return "batched"
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return "nanoverl"
+    return "verl" if "solution_str" in params else "nanoverl"
+
+
+def ground_truth_value(sample: dict) -> Any:
+    """The row's ground truth: the first of GROUND_TRUTH_KEYS (dotted paths) that is present, as stored
+    (verl passes reward_model.ground_truth this way; the built-in rewards take its str)."""
+    for key in GROUND_TRUTH_KEYS:
+        node: Any = sample
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    raise RewardError(f"the data row has no ground truth; add one of the fields {', '.join(GROUND_TRUTH_KEYS)}")
+
+
+def check_result(out: Any, allow_bool: bool = False) -> tuple[float, dict[str, float]]:
+    """(score, extra keys) of what a reward returned, or CallError("invalid")."""
+    extra: dict[str, Any] = {}
+    if isinstance(out, dict):
+        if "score" not in out:
+            raise CallError("invalid", f"returned a dict without 'score' (keys: {sorted(out)})")
+        extra = {k: v for k, v in out.items() if k != "score"}
+        out = out["score"]
+    if (isinstance(out, bool) and not allow_bool) or not isinstance(out, numbers.Real):
+        raise CallError("invalid", f"returned {type(out).__name__} {out!r}; a reward must return a float or a "
+                                   "dict with 'score'")
+    for key, value in [("score", out), *extra.items()]:
+        if (isinstance(value, bool) and not allow_bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value):
+            raise CallError("invalid", f"returned a non-finite or non-numeric {key!r}: {value!r}")
+    return float(out), {k: float(v) for k, v in extra.items()}
+
+
+def call_checked(fn: Callable, style: str, spec: ComponentSpec, prompt: str, response: str, sample: dict,
+                 data_source: str) -> tuple[float, dict[str, float]]:
+    """One reward call in the current process; any failure is a CallError."""
+    try:
+        if style == "verl":
+            kwargs = {"data_source": data_source, "solution_str": response, "ground_truth": ground_truth_value(sample)}
+            params = inspect.signature(fn).parameters
+            if "extra_info" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                kwargs["extra_info"] = dict(sample.get("extra_info") or {})
+            out = fn(**kwargs)
+        elif spec.settings is not None:
+            out = fn(prompt, response, sample, settings=spec.settings)
+        else:
+            out = fn(prompt, response, sample)
+    except CallError:
+        raise
+    except MemoryError:
+        raise CallError("memory", "ran out of memory (MemoryError)") from None
+    except RewardError as exc:
+        raise CallError("raised", str(exc)) from None
+    except BaseException as exc:  # SystemExit from a reward is its error too; KeyboardInterrupt is ignored here
+        raise CallError("raised", f"raised {type(exc).__name__}: {exc}") from None
+    return check_result(out, allow_bool=style == "verl")
