@@ -1,5 +1,8 @@
 """Rollout-trainer mismatch: diagnostics, and the importance-weight / rejection correction.
 
+(Over 400 lines because a third of it is this docstring and the mapping to verl's and TRL's options:
+one file keeps the formulas, the options and the deliberate differences side by side.)
+
 The rollout engine (vLLM, SGLang, ...) samples responses and reports the log-probability of each
 sampled token under *its* numerics; the trainer recomputes the same tokens' log-probabilities before
 the update. The two differ (bf16 vs fp32 kernels, batch-dependent reductions, stale weights), so the
@@ -36,10 +39,11 @@ Correction (off by default), computed once per batch in the trainer, before adva
   A token survives when it passes every enabled criterion.
 
 How the policy loss uses the result (verl 0.9, decoupled mode; see `RolloutCorrection`):
-    mask    replaces response_mask for the rest of the step, after the in-reward KL and before the
-            advantages (advantages, critic and actor losses, the loss normalisers and the loss
-            metrics), so rejected tokens do not count at all: verl's token-mean divides by the
-            surviving tokens of the mini-batch;
+    mask    becomes the trainer's loss_mask for the rest of the step (the function is handed the
+            loss_mask as `response_mask`; the rollout's own response_mask never changes), after the
+            in-reward KL and before the advantages (advantages, critic and actor losses, the loss
+            normalisers and the loss metrics), so rejected tokens do not count at all: verl's
+            token-mean divides by the surviving tokens of the mini-batch;
     weights multiplies the per-token policy loss after PPO clipping (and dual clip) and before
             aggregation: agg_loss(pg_losses * weights, mask, ...). Entropy and KL-loss terms are not
             weighted. TRL multiplies at the same place.

@@ -177,18 +177,7 @@ class RewardPool:
         while pending or any(w.queue for w in self.workers):
             self._fill()  # replaces the workers retired in the last round
             now = time.monotonic()
-            for w in list(self.workers):
-                if w.ready and not w.queue and pending:
-                    chunk = [pending.popleft() for _ in range(min(chunk_size, len(pending)))]
-                    try:
-                        w.conn.send(chunk)
-                    except OSError:  # it went away while idle: give the chunk to another worker
-                        pending.extendleft(reversed(chunk))
-                        self._retire(w)
-                        continue
-                    w.queue.extend(key for key, _, _ in chunk)
-                    w.chunk = {key: (key, c, args) for key, c, args in chunk}
-                    w.since = now
+            self._dispatch(pending, chunk_size, now)
             deadlines = [w.since + self.timeout_s - now for w in self.workers if w.queue and self.timeout_s]
             deadlines += [w.started + START_TIMEOUT_S - now for w in self.workers if not w.ready]
             ready = wait([w.conn for w in self.workers], timeout=max(0.0, min(deadlines)) if deadlines else None)
@@ -230,6 +219,21 @@ class RewardPool:
                         self.close()
                         return results
         return results
+
+    def _dispatch(self, pending: deque, chunk_size: int, now: float) -> None:
+        """A chunk of the pending calls to every idle worker."""
+        for w in list(self.workers):
+            if w.ready and not w.queue and pending:
+                chunk = [pending.popleft() for _ in range(min(chunk_size, len(pending)))]
+                try:
+                    w.conn.send(chunk)
+                except OSError:  # it went away while idle: give the chunk to another worker
+                    pending.extendleft(reversed(chunk))
+                    self._retire(w)
+                    continue
+                w.queue.extend(key for key, _, _ in chunk)
+                w.chunk = {key: (key, c, args) for key, c, args in chunk}
+                w.since = now
 
     @staticmethod
     def _requeue(worker: _Worker, pending: deque, skip: Any = None) -> None:

@@ -8,9 +8,8 @@
     6. reference log-probs and values
 
 Each stage is one named call, timed into ``timing/<stage>``, that returns what it adds to the batch;
-the step assigns it. ``response_mask`` is what the rollout produced and never changes; ``loss_mask``,
-what the losses, estimators and update metrics count, starts from it and is narrowed by named stages
-(``loss_mask``: truncated rows; ``correct_rollout``: rejected tokens). Everything the step needs (workers, rollout, reward, estimator, policy loss,
+the step assigns it. ``response_mask`` (what the rollout produced) never changes; ``loss_mask`` (what the
+update counts) starts from it and named stages narrow it (``loss_mask``, ``correct_rollout``). Everything the step needs (workers, rollout, reward, estimator, policy loss,
 trackers) is resolved from the registry before the first model loads.
 """
 
@@ -226,13 +225,16 @@ class Trainer:
         return RLBatch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}), metrics
 
     # ---- outputs -------------------------------------------------------------------------------------
-    def _tracker_call(self, method: str, *args) -> None:
-        """Trackers never kill training: a failure is a warning, metrics.jsonl stays the record."""
+    def _tracker_call(self, method: str, *args) -> dict[str, Any]:
+        """{tracker: what its method returned}. Trackers never kill training: a failure is a warning (and
+        no entry), metrics.jsonl stays the record."""
+        out = {}
         for name, tracker in self.trackers.items():
             try:
-                getattr(tracker, method)(*args)
+                out[name] = getattr(tracker, method)(*args)
             except Exception as exc:
                 print(f"warning: tracker {name}: {method} failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return out
 
     def write_rollouts(self, batch: RLBatch) -> None:
         k = self.config.trainer.rollout_samples
@@ -248,14 +250,8 @@ class Trainer:
         self._tracker_call("log_samples", "rollouts", rows, self.step)
 
     def save(self) -> Path:
-        trackers = {}
-        for name, tracker in self.trackers.items():
-            try:
-                trackers[name] = tracker.state_dict()
-            except Exception as exc:
-                print(f"warning: tracker {name}: state_dict failed ({exc})", file=sys.stderr)
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                 "trackers": trackers}
+                 "trackers": self._tracker_call("state_dict")}
         return save_checkpoint(checkpoint_root(self.run_dir), self.step, self.workers, state,
                                self.config.trainer.keep_checkpoints)
 
