@@ -83,7 +83,7 @@ class Rollout(Protocol):
         `nanoverl_core.responses_to_batch`), optionally `rollout_log_probs` (B, R). Sampling seeds
         come from torch's global generator; a greedy call draws nothing from it. Under torchrun a
         sampled batch also holds `sample_seed` (B,) int64, the same for a row on any number of ranks
-        (`trainer.dist.shard_rollout`); an engine that seeds each request should use it."""
+        (`dist.shard_rollout`); an engine that seeds each request should use it."""
 
     def sync_weights(self, actor: Actor) -> None:
         """Make the next `generate` use the actor's current weights (`actor.full_tensors()`)."""

@@ -237,7 +237,7 @@ def test_the_trainer_closes_the_rollout_even_when_a_step_fails(tmp_path, monkeyp
 def test_validation_forks_every_device_generator_it_reseeds(monkeypatch):
     """Validation re-seeds torch (CPU and every CUDA device), so it must fork all of them. Faked
     here: this machine has no GPU, so torch.cuda reports one device and fork_rng records the fork."""
-    from nanoverl_core.trainer import dist
+    from nanoverl_core import dist
 
     forked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -20,7 +20,7 @@ import torch
 
 from nanoverl_core import RLBatch, load_config
 from nanoverl_core.algos.losses import vanilla
-from nanoverl_core.trainer.dist import close_distributed
+from nanoverl_core.dist import close_distributed
 
 ROWS_PER_PROMPT = 4
 OVERRIDES = [
