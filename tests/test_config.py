@@ -81,7 +81,7 @@ def test_every_field_has_a_docstring():
 
     import attrs
 
-    from nanoverl_core import config as module
+    from nanoverl_core.config import schema as module
 
     source = inspect.getsource(module)
     for cls in [Config, *{f.type for f in attrs.fields(Config)}]:

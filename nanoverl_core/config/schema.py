@@ -20,7 +20,7 @@ import cattrs
 import cattrs.v
 import yaml
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
                       "seq-mean-token-sum-norm"]
@@ -818,7 +818,7 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...
     _check_keys(data, Config)
     config = _structure(data, Config).validate()
     if registry is None:
-        from .plugins import load_registry
+        from ..plugins import load_registry
         registry = load_registry()
     return component_settings(config, registry, tables)
 
