@@ -1,4 +1,19 @@
-"""The typed config (being split into a package: schema, structuring, component tables, loading)."""
+"""The typed config: `from nanoverl_core.config import Config, load_config, AlgorithmConfig, ...`.
 
-from .schema import *  # noqa: F401,F403
-from .schema import COMPONENTS, apply_override, component_settings, config_from_dict, load_config  # noqa: F401
+    schema.py      the attrs classes, one per section, a docstring at every field
+    rules.py       cross-field rules, one function per section (`Config.validate` runs them)
+    structure.py   strict cattrs structuring and unknown-key checks, each mistake one `error:` line
+    components.py  a selected component's own settings table, [<section>.<name>]
+    load.py        files and dotted overrides -> a validated Config; the caller passes the plugin registry
+"""
+
+from .components import COMPONENTS, component_settings
+from .load import apply_override, config_from_dict, load_config
+from .schema import (ActorConfig, AlgorithmConfig, Config, CriticConfig, DataConfig, KLEstimator, LoraConfig,
+                     LossAggMode, ModelConfig, OptimConfig, ReferenceConfig, RewardComponent, RewardConfig,
+                     RolloutConfig, RolloutCorrectionConfig, TrackingConfig, TrainerConfig, WorkerConfig)
+
+__all__ = ["COMPONENTS", "ActorConfig", "AlgorithmConfig", "Config", "CriticConfig", "DataConfig", "KLEstimator",
+           "LoraConfig", "LossAggMode", "ModelConfig", "OptimConfig", "ReferenceConfig", "RewardComponent",
+           "RewardConfig", "RolloutConfig", "RolloutCorrectionConfig", "TrackingConfig", "TrainerConfig",
+           "WorkerConfig", "apply_override", "component_settings", "config_from_dict", "load_config"]
