@@ -9,7 +9,7 @@ so "what does this key do and what is its default" has one place to look.
 """
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import attrs
 
@@ -19,12 +19,19 @@ from .structure import converter
 
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
                       "seq-mean-token-sum-norm"]
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
+"""How token losses become one number (`algos.agg_loss` computes each); the one list of these names."""
+
+KL_ESTIMATORS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+"""The per-token KL estimators `algos.kl_penalty` computes (kl = k1, mse = k2, low_var_kl = k3); the one
+list of these names."""
+KLEstimator = Literal[KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS)]
+"""An estimator, or one with a "+" suffix: its value with the k2 gradient (straight-through)."""
+
+
 def _settings(**kwargs):
     """A component's typed settings: not a key the user writes under this name (see `component_settings`)."""
     return attrs.field(default=None, init=False, **kwargs)
-
-
-KLEstimator = Literal["k1", "abs", "k2", "k3", "k1+", "abs+", "k2+", "k3+", "low_var_kl", "mse", "kl"]
 
 
 @attrs.define
@@ -206,8 +213,8 @@ class ActorConfig(OptimConfig):
     kl_loss_coef: float = 0.001
     """Weight of the KL loss term."""
     kl_loss_type: KLEstimator = "low_var_kl"
-    """KL estimator of the loss term: k1, abs, k2, k3 (= low_var_kl); a "+" suffix keeps the value but
-    takes the k2 gradient (straight-through)."""
+    """KL estimator of the loss term: k1 (= kl), abs, k2 (= mse), k3 (= low_var_kl); a "+" suffix keeps the
+    value but takes the k2 gradient (straight-through)."""
     log_ratio_clamp: float = 20.0
     """The log-ratio is clamped to +-this before exp so the ratio cannot overflow."""
     logits_chunk_size: int = 1024
