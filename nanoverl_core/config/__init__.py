@@ -1,7 +1,7 @@
 """The typed config: `from nanoverl_core.config import Config, load_config, AlgorithmConfig, ...`.
 
-    schema.py      the attrs classes, one per section, a docstring at every field; the lists of names a
-                   key may take (LOSS_AGG_MODES, KL_ESTIMATORS), each written once
+    schema.py      the attrs classes, one per section, a docstring and the real default at every field;
+                   the lists of names a key may take (LOSS_AGG_MODES, KL_ESTIMATORS), each written once
     rules.py       cross-field rules, one function per section (`Config.validate` runs them)
     structure.py   strict cattrs structuring and unknown-key checks, each mistake one `error:` line
     components.py  a selected component's own settings table, [<section>.<name>]

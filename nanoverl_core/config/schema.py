@@ -1,4 +1,4 @@
-"""The typed config tree: one attrs class per section, one docstring per field.
+"""The typed config tree: one attrs class per section, one docstring per field, every default at its field.
 
 Files are TOML, YAML or JSON (load.py); structuring forbids unknown keys and reports a typo with its key
 path and the closest valid key (structure.py); cross-field rules (batch sizes that divide, a critic
@@ -185,6 +185,8 @@ class OptimConfig:
 
 @attrs.define
 class ActorConfig(OptimConfig):
+    lr: float = 1e-6
+    """AdamW learning rate of the policy (the critic's default is 1e-5)."""
     ppo_epochs: int = 1
     """Passes over each step's rollouts."""
     mini_batch_size: int = 0
@@ -397,7 +399,7 @@ class Config:
     model: ModelConfig = attrs.Factory(ModelConfig)
     rollout: RolloutConfig = attrs.Factory(RolloutConfig)
     worker: WorkerConfig = attrs.Factory(WorkerConfig)
-    actor: ActorConfig = attrs.Factory(lambda: ActorConfig(lr=1e-6))
+    actor: ActorConfig = attrs.Factory(ActorConfig)
     critic: CriticConfig = attrs.Factory(CriticConfig)
     reference: ReferenceConfig = attrs.Factory(ReferenceConfig)
     algorithm: AlgorithmConfig = attrs.Factory(AlgorithmConfig)
