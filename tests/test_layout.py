@@ -7,6 +7,8 @@ parses it and holds every first-party and example plugin to it.
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -30,6 +32,19 @@ def _is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+def _imported(module: str, name: str) -> tuple[str, str]:
+    """`from module import name` as (module, name), or (the submodule, "*") when name is a submodule."""
+    try:
+        obj = getattr(importlib.import_module(module), name, None)
+    except ImportError:  # a module that does not exist (any more): reported by its name
+        return module, name
+    if inspect.ismodule(obj):
+        return obj.__name__, "*"
+    if obj is None and _is_module(f"{module}.{name}"):  # a submodule not imported yet
+        return f"{module}.{name}", "*"
+    return module, name
+
+
 def core_imports(path: Path) -> list[tuple[str, str]]:
     """(module, name) for every nanoverl_core import in one source file; `from nanoverl_core import dist`
     counts as the module nanoverl_core.dist, a "nanoverl_core.x:attr" string as nanoverl_core.x."""
@@ -38,9 +53,7 @@ def core_imports(path: Path) -> list[tuple[str, str]]:
         if isinstance(node, ast.Import):
             found += [(alias.name, "*") for alias in node.names if alias.name.split(".")[0] == "nanoverl_core"]
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] == "nanoverl_core":
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.append((sub, "*") if _is_module(sub) else (node.module, alias.name))
+            found += [_imported(node.module, alias.name) for alias in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             found += [(m, a) for m, a in re.findall(r"^(nanoverl_core[\w.]*):(\w+)$", node.value)]
     return found
@@ -70,9 +83,11 @@ def test_the_scan_sees_every_form_of_core_import(tmp_path):
     source = tmp_path / "plugin.py"
     source.write_text("import nanoverl_core.batch\nfrom nanoverl_core import dist, hookimpl\n"
                       "from nanoverl_core.trainer.dist import rank\nfrom . import own\n"
+                      "from nanoverl_core.rollout import sample_seeds\n"
                       "def f():\n    from nanoverl_core.workers import _private\n"
                       "LAZY = 'nanoverl_core.trainer.trainer:Trainer'\n")
     assert sorted(core_imports(source)) == [
         ("nanoverl_core", "hookimpl"), ("nanoverl_core.batch", "*"), ("nanoverl_core.dist", "*"),
-        ("nanoverl_core.trainer.dist", "rank"), ("nanoverl_core.trainer.trainer", "Trainer"),
+        ("nanoverl_core.rollout", "sample_seeds"), ("nanoverl_core.trainer.dist", "rank"),
+        ("nanoverl_core.trainer.trainer", "Trainer"),
         ("nanoverl_core.workers", "_private")]
