@@ -77,9 +77,8 @@ def _update_rules(config: Config, section: str, mini: int) -> None:
     """What the actor and the critic share: epochs, learning rate, mini- and micro-batch sizes."""
     part = getattr(config, section)
     _at_least_one({f"{section}.ppo_epochs": part.ppo_epochs})
-    _not_negative({f"{section}.mini_batch_size": part.mini_batch_size, f"{section}.micro_batch_size":
-                   part.micro_batch_size, f"{section}.lr": part.lr,
-                   f"{section}.max_tokens_per_micro_batch": part.max_tokens_per_micro_batch})
+    _not_negative({f"{section}.{key}": getattr(part, key)
+                   for key in ("mini_batch_size", "micro_batch_size", "lr", "max_tokens_per_micro_batch")})
     if part.micro_batch_size and part.max_tokens_per_micro_batch:
         raise ConfigError(f"{section}.micro_batch_size and {section}.max_tokens_per_micro_batch are both set; "
                           "set one: a row count or a token budget per micro-batch")
