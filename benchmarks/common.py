@@ -89,12 +89,12 @@ def smollm2_folder(out: Path) -> tuple[Path, str]:
 
 def smollm2_model(out: Path) -> Path:
     """The real SmolLM2-135M-Instruct as a plain fp32 folder whose EOS is never sampled (see above)."""
-    from nanoverl_core import load_config
+    from nanoverl_core import load_config, load_registry
     from nanoverl_hf.models import load_policy, load_tokenizer, resolve_source
 
     if not GGUF.is_file():
         raise SystemExit(f"error: {GGUF} is missing; fetch it with bash plugins/nanoverl-hf/scripts/fetch_smollm2.sh")
-    config = load_config(str(ROOT / SMOLLM2_CONFIG), overrides=[f"model.path={GGUF}"])
+    config = load_config(str(ROOT / SMOLLM2_CONFIG), overrides=[f"model.path={GGUF}"], registry=load_registry())
     source = resolve_source(config.model)
     model, tokenizer = load_policy(config, source), load_tokenizer(config.model, source)
     eos = tokenizer.convert_tokens_to_ids(NEVER_SAMPLED)
@@ -160,7 +160,7 @@ def nanoverl_config(model: Path | None, out: Path, *, batch: int, n: int, max_ne
                     data: Path = TINY_DATA):
     """A nanoverl Config for one benchmark workload: `base` plus overrides that switch off everything
     that is not the RL step (validation, checkpoints, rollout dumps, trackers, progress output)."""
-    from nanoverl_core import load_config
+    from nanoverl_core import load_config, load_registry
 
     overrides = [f"trainer.output_dir={out}", "trainer.total_steps=1000", "trainer.val_every=0",
                  "trainer.save_every=0", "trainer.rollout_samples=0", "trainer.progress=none",
@@ -169,7 +169,7 @@ def nanoverl_config(model: Path | None, out: Path, *, batch: int, n: int, max_ne
                  "actor.entropy_coeff=0", f"data.train_files=[{data}]", "data.val_files=[]"]
     if model is not None:
         overrides.append(f"model.path={model}")
-    return load_config(str(ROOT / base), overrides=overrides + list(extra or []))
+    return load_config(str(ROOT / base), overrides=overrides + list(extra or []), registry=load_registry())
 
 
 def nanoverl_trainer(config):

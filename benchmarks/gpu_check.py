@@ -146,9 +146,10 @@ def run_path(spec: dict) -> dict:
         overrides += ["rollout.name=vllm"]
     if spec["path"] in ("fsdp", "fsdp_vllm"):
         overrides += ["worker.name=fsdp", f"worker.fsdp.param_dtype={spec['dtype']}", "worker.fsdp.reduce_dtype=float32"]
-    config = load_config(str(ROOT / "examples/configs/tiny_grpo.toml"), overrides=overrides)
+    plugins = registry()
+    config = load_config(str(ROOT / "examples/configs/tiny_grpo.toml"), overrides=overrides, registry=plugins)
     start = time.perf_counter()
-    trainer = Trainer(config, registry())
+    trainer = Trainer(config, plugins)
     build_s = time.perf_counter() - start
     cuda = trainer.workers.actor.device.type == "cuda"
     rows = []

@@ -40,11 +40,12 @@ def _mb(tensors) -> float:
 def memory(folder: Path, data: Path, lora: list[str]) -> dict:
     import torch
 
-    from nanoverl_core import load_config
+    from nanoverl_core import load_config, load_registry
     from nanoverl_hf.workers import make_workers
 
     config = load_config(None, [f"model.path={folder}", f"data.train_files=[{data}]", "worker.name=hf",
-                                "rollout.name=hf", "trainer.device=cpu", "reference.enable=true", *lora])
+                                "rollout.name=hf", "trainer.device=cpu", "reference.enable=true", *lora],
+                         registry=load_registry())
     workers = make_workers(config)
     actor = workers.actor
     params = {id(p): p for w in (actor, workers.reference) for p in w.module.parameters()}

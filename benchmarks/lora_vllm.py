@@ -50,7 +50,7 @@ def model_path(name: str, tmp: Path) -> tuple[Path, str]:
 def measure(name: str, path: Path, tmp: Path, args) -> dict:
     import torch
 
-    from nanoverl_core import SamplingParams, load_config
+    from nanoverl_core import SamplingParams, load_config, load_registry
     from nanoverl_hf.workers import make_workers
     from nanoverl_vllm.rollout import VLLMRollout
 
@@ -61,7 +61,7 @@ def measure(name: str, path: Path, tmp: Path, args) -> dict:
                              "trainer.device=cpu", f"data.batch_size={rows}", "rollout.n=1", "data.val_batch_size=1",
                              f"rollout.max_new_tokens={args.max_new_tokens}", "data.max_prompt_length=32",
                              "model.lora.enable=true", f"model.lora.rank={args.rank}",
-                             f"model.lora.alpha={2 * args.rank}"])
+                             f"model.lora.alpha={2 * args.rank}"], registry=load_registry())
     start = time.perf_counter()
     workers = make_workers(cfg)
     load_s = time.perf_counter() - start

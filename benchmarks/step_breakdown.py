@@ -6,8 +6,9 @@
     .venv/bin/python benchmarks/step_breakdown.py --no-sweep --device cuda --threads 0
 
 Each workload runs in a fresh subprocess (so its peak memory is its own) through the real trainer:
-`Trainer(load_config(base, overrides), load_registry())`, `--warmup` steps, then `--steps` measured
-steps, exactly as `Trainer.fit` runs them (validation, checkpoints, rollout dumps and trackers off).
+`Trainer(load_config(base, overrides, registry=load_registry()), load_registry())`, `--warmup` steps,
+then `--steps` measured steps, exactly as `Trainer.fit` runs them (validation, checkpoints, rollout
+dumps and trackers off).
 One JSON object per workload is printed as it finishes:
 
   stage_s            median of the trainer's own `timing/<stage>` metrics: data, rollout, reward,

@@ -68,7 +68,7 @@ def cmd_train(argv: list[str]) -> int:
         from .trainer.resolve import describe
         print(json.dumps(describe(config, registry), indent=2))
         return 0
-    from .trainer.dist import close_distributed, init_distributed
+    from .dist import close_distributed, init_distributed
     from .trainer.trainer import Trainer
     init_distributed(config.trainer.device)  # under torchrun: join the process group; one process: no-op
     try:

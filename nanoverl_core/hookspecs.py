@@ -25,9 +25,9 @@ Rules every backend follows (``nanoverl_core.testing`` checks them; run its chec
 * Rows. The trainer hands every stage the whole step batch, rows in a fixed order; rows sharing a
   ``uid`` come from one prompt. Whatever a stage returns has the same rows in the same order.
 * Ranks. Under ``torchrun`` every rank runs the same trainer loop on the same batch. The trainer
-  splits the rollout (``trainer.dist.shard_rollout``: rank r generates rows
+  splits the rollout (``dist.shard_rollout``: rank r generates rows
   ``[r * share, (r + 1) * share)``, ``share = ceil(B / world)``) and gathers it back; a worker that
-  shards model work splits rows the same way (``trainer.dist.rank_rows``) and returns all rows.
+  shards model work splits rows the same way (``dist.rank_rows``) and returns all rows.
 * Seeding. Randomness comes from torch's global generator, which the trainer seeds from
   ``trainer.seed`` and restores on resume: a rollout draws its seeds from it (``torch.randint``), so
   a run is reproducible and resumes exactly. A greedy call (temperature 0) draws nothing from it.

@@ -118,7 +118,7 @@ class Rollout(Protocol):
         engine); optionally `rollout_log_probs` (B, R). Build them with
         `nanoverl_core.responses_to_batch`. Sampling seeds come from torch's global generator; a
         greedy call draws nothing from it. Under torchrun a sampled batch also holds `sample_seed`
-        (B,) int64, the same for a row on any number of ranks (`trainer.dist.shard_rollout`); an
+        (B,) int64, the same for a row on any number of ranks (`dist.shard_rollout`); an
         engine that seeds each request should use it."""
 
     def sync_weights(self, actor: Actor) -> None:

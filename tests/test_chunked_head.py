@@ -171,19 +171,19 @@ def test_a_module_without_a_plain_linear_head_is_not_chunked():
 
 def test_a_negative_chunk_size_is_a_config_error_naming_the_key():
     from conftest import EXAMPLES
-    from nanoverl_core import load_config
+    from nanoverl_core import load_config, load_registry
     from nanoverl_core.errors import ConfigError
 
-    assert load_config(EXAMPLES / "debug_ppo.toml").actor.logits_chunk_size == 1024
+    assert load_config(EXAMPLES / "debug_ppo.toml", registry=load_registry()).actor.logits_chunk_size == 1024
     with pytest.raises(ConfigError, match="actor.logits_chunk_size = -1 must not be negative"):
-        load_config(EXAMPLES / "debug_ppo.toml", ["actor.logits_chunk_size=-1"])
+        load_config(EXAMPLES / "debug_ppo.toml", ["actor.logits_chunk_size=-1"], registry=load_registry())
 
 
 # ---- a real TorchActor on a tiny transformers Llama ------------------------------------------------
 
 def _workers(tmp_path, chunk: int, *extra: str):
     pytest.importorskip("nanoverl_hf")
-    from nanoverl_core import load_config
+    from nanoverl_core import load_config, load_registry
     from nanoverl_hf.tiny import build_tiny_model
     from nanoverl_hf.workers import make_workers
 
@@ -197,7 +197,7 @@ def _workers(tmp_path, chunk: int, *extra: str):
                              "actor.lr=1e-3", "actor.entropy_coeff=0.05", "actor.micro_batch_size=2",
                              f"actor.logits_chunk_size={chunk}", "reference.enable=true",
                              # the head alone: prompt sharing with chunking is pinned in nanoverl-hf's test_share_prompts
-                             "actor.share_prompts=false", *extra])
+                             "actor.share_prompts=false", *extra], registry=load_registry())
     return make_workers(cfg)
 
 

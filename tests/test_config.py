@@ -10,22 +10,24 @@ import yaml
 from conftest import EXAMPLES
 from nanoverl_core.config import Config, load_config
 from nanoverl_core.errors import ConfigError
+from nanoverl_core.plugins import load_registry
 
 DEBUG = EXAMPLES / "debug_ppo.toml"
 
 
 def test_toml_yaml_and_json_load_to_the_same_config(tmp_path):
-    toml_cfg = load_config(DEBUG)
+    toml_cfg = load_config(DEBUG, registry=load_registry())
     data = toml_cfg.to_dict()
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     (tmp_path / "c.json").write_text(json.dumps(data))
-    assert load_config(tmp_path / "c.yaml") == toml_cfg
-    assert load_config(tmp_path / "c.json") == toml_cfg
+    assert load_config(tmp_path / "c.yaml", registry=load_registry()) == toml_cfg
+    assert load_config(tmp_path / "c.json", registry=load_registry()) == toml_cfg
 
 
 def test_overrides_convert_types():
     cfg = load_config(DEBUG, ["trainer.total_steps=7", "actor.lr=3e-4", "critic.enable=true",
-                              "tracking.trackers=[console]", "trainer.output_dir=runs/007", "actor.betas=[0.9, 0.95]"])
+                              "tracking.trackers=[console]", "trainer.output_dir=runs/007", "actor.betas=[0.9, 0.95]"],
+                      registry=load_registry())
     assert cfg.trainer.total_steps == 7 and isinstance(cfg.trainer.total_steps, int)
     assert cfg.actor.lr == pytest.approx(3e-4)
     assert cfg.tracking.trackers == ["console"]
@@ -40,7 +42,7 @@ def test_overrides_convert_types():
 ])
 def test_unknown_key_names_its_path_and_a_close_match(override, needle):
     with pytest.raises(ConfigError, match=needle):
-        load_config(DEBUG, [override])
+        load_config(DEBUG, [override], registry=load_registry())
 
 
 @pytest.mark.parametrize("override, needle", [
@@ -51,7 +53,7 @@ def test_unknown_key_names_its_path_and_a_close_match(override, needle):
 ])
 def test_wrong_type_names_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle):
-        load_config(DEBUG, [override])
+        load_config(DEBUG, [override], registry=load_registry())
 
 
 @pytest.mark.parametrize("overrides, needle", [
@@ -66,7 +68,7 @@ def test_wrong_type_names_the_key(override, needle):
 ])
 def test_impossible_combinations_are_rejected(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
-        load_config(DEBUG, overrides)
+        load_config(DEBUG, overrides, registry=load_registry())
 
 
 def test_defaults_are_valid_once_data_is_named():
@@ -81,7 +83,7 @@ def test_every_field_has_a_docstring():
 
     import attrs
 
-    from nanoverl_core import config as module
+    from nanoverl_core.config import schema as module
 
     source = inspect.getsource(module)
     for cls in [Config, *{f.type for f in attrs.fields(Config)}]:

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import EXAMPLES, ROOT
-from nanoverl_core import RLBatch, SamplingParams, hookimpl, load_config, plugins, protocols, responses_to_batch
+from nanoverl_core import (RLBatch, SamplingParams, hookimpl, load_config, load_registry, plugins, protocols,
+                           responses_to_batch)
 from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss, loss_totals
 from nanoverl_core.builtins.debug import CharTokenizer, TinyCausalLM, make_rollout, make_workers
 from nanoverl_core.hookspecs import Register
@@ -74,7 +75,7 @@ class MinimalActor:
 
 def sampled_batch(texts=("12=", "345=", "6="), n: int = 2) -> RLBatch:
     """Prompts with responses sampled by the debug rollout (some end in EOS, some are cut at 4 tokens)."""
-    cfg = load_config(PPO)
+    cfg = load_config(PPO, registry=load_registry())
     workers = make_workers(cfg)
     batch = prompt_batch(workers.tokenizer, list(texts), n=n)
     torch.manual_seed(3)
@@ -84,7 +85,7 @@ def sampled_batch(texts=("12=", "345=", "6="), n: int = 2) -> RLBatch:
 
 def minimal_actor(cls=MinimalActor) -> MinimalActor:
     torch.manual_seed(0)
-    config = load_config(PPO, ["actor.lr=1e-2"]).actor
+    config = load_config(PPO, ["actor.lr=1e-2"], registry=load_registry()).actor
     return cls(TinyCausalLM(CharTokenizer().vocab_size, hidden=32, layers=1), config)
 
 
@@ -125,7 +126,7 @@ def test_check_actor_names_the_rule_a_broken_update_breaks(cls, rule):
 
 
 def test_a_frozen_reference_is_checked_without_an_update():
-    cfg = load_config(PPO, ["reference.enable=true"])
+    cfg = load_config(PPO, ["reference.enable=true"], registry=load_registry())
     workers = make_workers(cfg)
     batch = sampled_batch()
     weights = {name: tensor.clone() for name, tensor in workers.reference.full_tensors()}

@@ -25,7 +25,7 @@ REINFORCE = EXAMPLES / "debug_reinforce.toml"
 
 # ---- component settings -----------------------------------------------------------------------
 def test_a_component_table_becomes_its_typed_settings_and_round_trips():
-    cfg = load_config(PPO, ["worker.debug.hidden_size=32"])
+    cfg = load_config(PPO, ["worker.debug.hidden_size=32"], registry=load_registry())
     assert cfg.worker.settings == DebugModelSettings(hidden_size=32, num_layers=2)
     data = cfg.to_dict()
     assert data["worker"]["debug"] == {"vocab_size": 0, "hidden_size": 32, "num_layers": 2}
@@ -42,7 +42,7 @@ def test_a_component_table_becomes_its_typed_settings_and_round_trips():
 ])
 def test_component_settings_are_validated_like_core_keys(override, needle):
     with pytest.raises(ConfigError) as err:
-        load_config(PPO, [override])
+        load_config(PPO, [override], registry=load_registry())
     assert needle in str(err.value)
 
 
@@ -65,7 +65,7 @@ def test_dry_run_shows_each_components_settings_with_defaults():
 
 
 def test_the_core_config_names_no_plugin():
-    source = (ROOT / "nanoverl_core" / "config.py").read_text().lower()
+    source = "".join(p.read_text() for p in (ROOT / "nanoverl_core" / "config").glob("*.py")).lower()
     for word in ("vllm", "fsdp", "grpo", "gpu_memory_utilization", "param_dtype", "hidden_size", "epsilon"):
         assert word not in source, word
 
@@ -77,11 +77,13 @@ def test_requires_python_matches_the_tomllib_import():
 
 # ---- switching a part off by override ---------------------------------------------------------
 def test_an_override_that_switches_the_critic_off_wins_over_the_files_critic_keys(capsys):
-    cfg = load_config(PPO, ["critic.enable=false", "algorithm.advantage_estimator=reinforce_plus_plus"])
+    cfg = load_config(PPO, ["critic.enable=false", "algorithm.advantage_estimator=reinforce_plus_plus"],
+                      registry=load_registry())
     assert not cfg.critic.enable and cfg.critic.lr == 1e-5  # the file's critic.lr = 1e-3 is dropped
     assert "critic.enable=false: ignoring critic.lr set in the config file" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="critic.lr is set but critic.enable = false"):
-        load_config(PPO, ["critic.enable=false", "critic.lr=0.1"])  # both on the command line: a contradiction
+        load_config(PPO, ["critic.enable=false", "critic.lr=0.1"],  # both on the command line: a contradiction
+                    registry=load_registry())
 
 
 # ---- policy losses ----------------------------------------------------------------------------
@@ -99,7 +101,7 @@ def test_actor_loss_adds_entropy_and_kl_terms_to_the_policy_loss():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     inputs = PolicyLossInputs(log_prob, log_prob.detach(), torch.tensor([[1.0, -2.0, 5.0]]), mask, on_policy=True)
     cfg = load_config(PPO, ["reference.enable=true", "actor.use_kl_loss=true", "actor.kl_loss_type=k1",
-                            "actor.kl_loss_coef=0.5", "actor.entropy_coeff=0.1"]).actor
+                            "actor.kl_loss_coef=0.5", "actor.entropy_coeff=0.1"], registry=load_registry()).actor
     entropy = torch.tensor([[2.0, 4.0, 100.0]])
     ref = torch.tensor([[-1.5, -1.0, 0.0]])  # k1 = log_prob - ref = 0.5, -1 -> mean -0.25
     loss, m = compute_actor_loss(vanilla, inputs, cfg, entropy=entropy, ref_log_prob=ref)
@@ -114,7 +116,7 @@ def _update(micro_batch_size: int, ppo_epochs: int = 2, replay: list | None = No
     overrides = [f"actor.micro_batch_size={micro_batch_size}", f"actor.ppo_epochs={ppo_epochs}", "data.batch_size=4",
                  "rollout.n=4", "actor.entropy_coeff=0.01", "actor.lr=1e-2", "reference.enable=true",
                  "actor.use_kl_loss=true", "critic.micro_batch_size=0", "actor.mini_batch_size=2"]
-    cfg = load_config(PPO, overrides)
+    cfg = load_config(PPO, overrides, registry=load_registry())
     workers = make_workers(cfg)
     batch = prompt_batch(workers.tokenizer, ["12=", "3=", "456=", "78="], n=4)
     torch.manual_seed(0)
@@ -160,7 +162,7 @@ def test_micro_batches_change_neither_the_gradients_nor_the_metrics():
 
 
 def test_the_on_policy_shortcut_is_an_explicit_flag_that_needs_a_single_step():
-    cfg = load_config(PPO, ["actor.ppo_epochs=2"])
+    cfg = load_config(PPO, ["actor.ppo_epochs=2"], registry=load_registry())
     workers = make_workers(cfg)
     batch = prompt_batch(workers.tokenizer, ["12="], n=2)
     batch.update(make_rollout(cfg, workers).generate(batch, _sampling(cfg)))
@@ -173,7 +175,7 @@ def test_the_on_policy_shortcut_is_an_explicit_flag_that_needs_a_single_step():
 # ---- contracts --------------------------------------------------------------------------------
 @pytest.mark.parametrize("log_probs", [False, True])
 def test_the_debug_backends_keep_the_rollout_and_actor_contracts(log_probs):
-    cfg = load_config(PPO, [f"rollout.debug.log_probs={str(log_probs).lower()}"])
+    cfg = load_config(PPO, [f"rollout.debug.log_probs={str(log_probs).lower()}"], registry=load_registry())
     workers = make_workers(cfg)
     batch = prompt_batch(workers.tokenizer, ["12=", "345=", "6="], n=2)
     batch.update(check_rollout(make_rollout(cfg, workers), batch, max_new_tokens=4))
@@ -184,7 +186,7 @@ def test_the_debug_backends_keep_the_rollout_and_actor_contracts(log_probs):
 
 
 def test_a_broken_rollout_fails_the_contract_check_by_rule():
-    cfg = load_config(PPO)
+    cfg = load_config(PPO, registry=load_registry())
     workers = make_workers(cfg)
     rollout = make_rollout(cfg, workers)
 
@@ -232,7 +234,8 @@ def test_the_trainer_closes_the_rollout_even_when_a_step_fails(tmp_path, monkeyp
     closed = []
     monkeypatch.setattr(debug.DebugRollout, "close", lambda self: closed.append(True))
     monkeypatch.setattr(debug.DebugRollout, "generate", lambda self, batch, params: 1 / 0)
-    cfg = load_config(REINFORCE, [f"trainer.output_dir={tmp_path}", "tracking.trackers=[jsonl]"])
+    cfg = load_config(REINFORCE, [f"trainer.output_dir={tmp_path}", "tracking.trackers=[jsonl]"],
+                      registry=load_registry())
     trainer = Trainer(cfg, load_registry())
     with pytest.raises(ZeroDivisionError):
         trainer.fit()
@@ -243,7 +246,7 @@ def test_the_trainer_closes_the_rollout_even_when_a_step_fails(tmp_path, monkeyp
 def test_validation_forks_every_device_generator_it_reseeds(monkeypatch):
     """Validation re-seeds torch (CPU and every CUDA device), so it must fork all of them. Faked
     here: this machine has no GPU, so torch.cuda reports one device and fork_rng records the fork."""
-    from nanoverl_core.trainer import dist
+    from nanoverl_core import dist
 
     forked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -284,7 +287,7 @@ def test_a_settings_class_must_be_attrs():
 
 
 def test_batches_of_the_contract_helpers_are_left_padded():
-    cfg = load_config(PPO)
+    cfg = load_config(PPO, registry=load_registry())
     tokenizer = make_workers(cfg).tokenizer
     batch = prompt_batch(tokenizer, ["1=", "234="], n=1)
     assert isinstance(batch, RLBatch) and batch["prompt_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]

@@ -288,9 +288,10 @@ def test_a_checkpoint_is_never_written_with_nan_weights(tmp_path):
     from nanoverl_core.builtins.debug import make_workers
     from nanoverl_core.config import load_config
     from nanoverl_core.errors import CheckpointError
+    from nanoverl_core.plugins import load_registry
     from nanoverl_core.trainer.checkpoint import save_checkpoint
 
-    cfg = load_config(PPO, [f"trainer.output_dir={tmp_path}"])
+    cfg = load_config(PPO, [f"trainer.output_dir={tmp_path}"], registry=load_registry())
     workers = make_workers(cfg)
     root = tmp_path / "checkpoints"
     save_checkpoint(root, 1, workers, {"step": 1}, keep=2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import EXAMPLES, assert_user_error, replay_steps, run_cli
-from nanoverl_core import SamplingParams, load_config
+from nanoverl_core import SamplingParams, load_config, load_registry
 from nanoverl_core.algos import LOSS_AGG_MODES
 from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.builtins.debug import make_rollout, make_workers
@@ -35,7 +35,7 @@ def _setup(mode: str, *limits: str):
     cfg = load_config(PPO, [f"actor.loss_agg_mode={mode}", f"critic.loss_agg_mode={mode}", "data.batch_size=6",
                             "rollout.n=2", "actor.ppo_epochs=2", "actor.entropy_coeff=0.01", "reference.enable=true",
                             "actor.use_kl_loss=true", "actor.mini_batch_size=3", "critic.mini_batch_size=3",
-                            "rollout.max_new_tokens=6", *limits])
+                            "rollout.max_new_tokens=6", *limits], registry=load_registry())
     workers = make_workers(cfg)
     batch = prompt_batch(workers.tokenizer, PROMPTS, n=2)
     torch.manual_seed(0)

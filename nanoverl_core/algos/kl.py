@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..config import KL_ESTIMATORS
 from .utils import masked_mean
 
 if TYPE_CHECKING:
     from ..config import AlgorithmConfig
 
-_ESTIMATORS = {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
+_SAME_AS = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}  # verl's names for Schulman's estimators
 
 
 def _kl_forward(log_ratio: torch.Tensor, base: str) -> torch.Tensor:
@@ -48,10 +49,11 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
     Returns (B, R), elementwise (no mask applied; callers mask or aggregate).
     """
     straight_through = kind.endswith("+")
-    base = _ESTIMATORS.get(kind.removesuffix("+"))
-    if base is None:
-        raise ValueError(f"unknown KL estimator {kind!r}; choose one of {sorted(_ESTIMATORS)} "
+    name = kind.removesuffix("+")
+    if name not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {kind!r}; choose one of {sorted(KL_ESTIMATORS)} "
                          "(a '+' suffix takes the k2 gradient)")
+    base = _SAME_AS.get(name, name)
     log_ratio = log_prob - ref_log_prob
     value = _kl_forward(log_ratio, base)
     if not straight_through or base == "k2":

@@ -28,11 +28,11 @@ from typing import Any
 import attrs
 import torch
 
+from ..config import LOSS_AGG_MODES
 from ..protocols import PolicyLoss  # what a registered loss is (re-exported for workers)
 from .kl import kl_penalty
 from .utils import masked_sum
 
-LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 Metrics = dict[str, torch.Tensor]
 
 

@@ -221,7 +221,7 @@ class RewardScorer:
 
     def _write_failures(self, batch, texts, failures, phase, step) -> None:
         """Append each failed call to reward_errors.jsonl (rank 0 only: every rank scores the whole batch)."""
-        from ..trainer.dist import is_rank0
+        from ..dist import is_rank0
 
         if self.errors_path is None or not is_rank0():
             return

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..dist import barrier, is_distributed, is_rank0
 from ..errors import CheckpointError, CheckpointMismatch
-from .dist import barrier, is_distributed, is_rank0
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 

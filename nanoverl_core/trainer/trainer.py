@@ -33,12 +33,12 @@ from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_unifor
 from ..batch import RLBatch
 from ..config import Config
 from ..data import StatefulSampler, collate, load_prompts
+from ..dist import is_rank0, shard_rollout
 from ..plugins import Registry
 from ..rollout import SamplingParams
 from ..workers import NonFiniteError
 from .checkpoint import (checkpoint_root, find_resume, load_checkpoint, read_tracker_states, save_checkpoint,
                          write_run_config)
-from .dist import is_rank0, shard_rollout
 from .resolve import check_rollout_log_probs, resolve_plugins
 from .validation import eval_before_after, validate
 

@@ -18,7 +18,7 @@ import torch
 
 from ..data import collate
 from ..rollout import SamplingParams, decode_responses
-from .dist import fork_rng, is_rank0
+from ..dist import fork_rng, is_rank0
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

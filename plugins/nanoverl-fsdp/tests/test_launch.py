@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import EXAMPLE, read_metrics, run, torchrun
 
-from nanoverl_core import load_config
+from nanoverl_core import load_config, load_registry
 
 
 def test_plugin_registers_the_fsdp_worker_lazily():
@@ -20,7 +20,7 @@ def test_plugin_registers_the_fsdp_worker_lazily():
 
 
 def test_the_example_config_resolves_to_the_fsdp_worker():
-    config = load_config(EXAMPLE)
+    config = load_config(EXAMPLE, registry=load_registry())
     assert config.worker.name == "fsdp" and config.rollout.name == "hf"
     assert (config.actor_mini_batch_size * config.rollout.n // 2) % config.actor.micro_batch_size == 0
 

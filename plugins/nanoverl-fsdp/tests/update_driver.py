@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from nanoverl_core import RLBatch, load_config
+from nanoverl_core import RLBatch, load_config, load_registry
 from nanoverl_core.algos.losses import vanilla
-from nanoverl_core.trainer.dist import close_distributed
+from nanoverl_core.dist import close_distributed
 
 ROWS_PER_PROMPT = 4
 OVERRIDES = [
@@ -45,7 +45,7 @@ updates do the same float arithmetic."""
 def make_config(worker: str, model: Path, extra: tuple[str, ...] = ()):
     plain = PLAIN_PASSES if worker == "hf" else ()
     return load_config(None, [f"worker.name={worker}", f"model.path={model}", f"data.train_files=[{model}/unused.jsonl]",
-                              *OVERRIDES, *plain, *extra])
+                              *OVERRIDES, *plain, *extra], registry=load_registry())
 
 
 def fixed_batch(tokenizer, prompts: int = 4, seed: int = 1) -> RLBatch:

@@ -173,10 +173,11 @@ def test_group_settings_are_read_from_the_config_table_and_validated():
     from nanoverl_core import ConfigError, load_config, load_registry
 
     debug = Path(__file__).resolve().parents[3] / "examples" / "configs" / "debug_reinforce.toml"
-    cfg = load_config(debug, ["algorithm.advantage_estimator=grpo", "algorithm.grpo.norm_by_std=false"])
+    cfg = load_config(debug, ["algorithm.advantage_estimator=grpo", "algorithm.grpo.norm_by_std=false"],
+                      registry=load_registry())
     assert cfg.algorithm.settings == GroupNormSettings(norm_by_std=False)
     assert load_registry().entry("advantage_estimator", "grpo").provider == "nanoverl-grpo"
     with pytest.raises(ConfigError, match="config key 'algorithm.grpo.epsilon': 'epsilon' must be > 0"):
-        load_config(debug, ["algorithm.advantage_estimator=grpo", "algorithm.grpo.epsilon=0"])
+        load_config(debug, ["algorithm.advantage_estimator=grpo", "algorithm.grpo.epsilon=0"], registry=load_registry())
     with pytest.raises(ConfigError, match="takes no settings"):
-        load_config(debug, ["algorithm.advantage_estimator=rloo", "algorithm.rloo.epsilon=1"])
+        load_config(debug, ["algorithm.advantage_estimator=rloo", "algorithm.rloo.epsilon=1"], registry=load_registry())

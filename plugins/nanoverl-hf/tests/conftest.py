@@ -11,7 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-from nanoverl_core import RLBatch, load_config
+from nanoverl_core import RLBatch, load_config, load_registry
 from nanoverl_hf.tiny import build_tiny_model
 
 torch.set_num_threads(1)
@@ -44,7 +44,7 @@ def make_config(train_file):
     def make(model_dir, *overrides: str):
         return load_config(None, [f"data.train_files=[{train_file}]", f"model.path={model_dir}",
                                   "worker.name=hf", "rollout.name=hf", "trainer.device=cpu",
-                                  "data.batch_size=2", *overrides])
+                                  "data.batch_size=2", *overrides], registry=load_registry())
     return make
 
 

@@ -103,7 +103,7 @@ def test_export_writes_a_folder_transformers_loads_with_the_trained_logits(tiny_
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nanoverl_core import load_config
+    from nanoverl_core import load_config, load_registry
     from nanoverl_hf.workers import make_workers
 
     out = tmp_path / "exported"
@@ -112,7 +112,8 @@ def test_export_writes_a_folder_transformers_loads_with_the_trained_logits(tiny_
     exported = AutoModelForCausalLM.from_pretrained(out).eval()
     tokenizer = AutoTokenizer.from_pretrained(out)
     # the trainer's own view of the checkpoint: the hf worker, loaded the way a resume loads it
-    config = load_config(REPO / "examples" / "configs" / "tiny_grpo.toml", ["trainer.device=cpu"])
+    config = load_config(REPO / "examples" / "configs" / "tiny_grpo.toml", ["trainer.device=cpu"],
+                         registry=load_registry())
     actor = make_workers(config).actor
     actor.load(tiny_run / "checkpoints" / "step_000002" / "actor")
     ids = torch.tensor([tokenizer.encode("1234="), tokenizer.encode("9876=")])

@@ -25,12 +25,12 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def smol(train_file, tmp_path_factory):
-    from nanoverl_core import load_config
+    from nanoverl_core import load_config, load_registry
     from nanoverl_hf.rollout import make_rollout
     from nanoverl_hf.workers import make_workers
     cfg = load_config(None, [f"data.train_files=[{train_file}]", f"model.path={GGUF}", "trainer.device=cpu",
                              "worker.name=hf", "rollout.name=hf", "data.batch_size=2", "critic.enable=true",
-                             "critic.lr=1e-6"])
+                             "critic.lr=1e-6"], registry=load_registry())
     workers = make_workers(cfg)
     return cfg, workers, make_rollout(cfg, workers)
 

@@ -269,7 +269,7 @@ def test_a_lora_ppo_run_checkpoints_the_adapter_only_and_resumes_exactly(tmp_pat
 def test_export_writes_merged_weights_equal_to_the_adapters_forward(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from nanoverl_core import load_config
+    from nanoverl_core import load_config, load_registry
     from nanoverl_hf.workers import make_workers
 
     run = tmp_path / "run"
@@ -281,7 +281,8 @@ def test_export_writes_merged_weights_equal_to_the_adapters_forward(tmp_path):
     assert proc.returncode == 0 and f"wrote {out}" in proc.stdout, proc.stderr[-3000:]
     assert not list(out.glob("adapter_*")) and (out / "model.safetensors").is_file()
     exported = AutoModelForCausalLM.from_pretrained(out).eval()
-    config = load_config(REPO / "examples/configs/tiny_grpo.toml", ["trainer.device=cpu", *LORA, NO_GRPO])
+    config = load_config(REPO / "examples/configs/tiny_grpo.toml", ["trainer.device=cpu", *LORA, NO_GRPO],
+                         registry=load_registry())
     actor = make_workers(config).actor
     actor.load(run / "checkpoints" / "step_000003" / "actor")
     ids = torch.tensor([[1, 4, 5, 6, 7, 13, 4, 5], [1, 12, 11, 10, 9, 13, 12, 11]])

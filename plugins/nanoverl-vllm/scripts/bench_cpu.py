@@ -33,7 +33,7 @@ def main() -> None:
 
     import torch
     torch.set_num_threads(1)
-    from nanoverl_core import SamplingParams, load_config
+    from nanoverl_core import SamplingParams, load_config, load_registry
     from nanoverl_hf.rollout import HFRollout
     from nanoverl_hf.tiny import build_tiny_model, num_parameters
     from nanoverl_hf.workers import make_workers
@@ -44,7 +44,8 @@ def main() -> None:
     data.write_text('{"prompt": "12=", "target": "12"}\n')
     cfg = load_config(None, [f"data.train_files=[{data}]", f"model.path={model}", "worker.name=hf", "rollout.name=vllm",
                              "trainer.device=cpu", "data.batch_size=16", f"rollout.n={args.rows // 16}",
-                             f"rollout.max_new_tokens={args.tokens}", "data.max_prompt_length=16"])
+                             f"rollout.max_new_tokens={args.tokens}", "data.max_prompt_length=16"],
+                      registry=load_registry())
     workers = make_workers(cfg)
     with torch.no_grad():
         workers.actor.module.get_input_embeddings().weight[workers.tokenizer.eos_token_id] = 0  # few early stops

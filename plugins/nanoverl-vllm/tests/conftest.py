@@ -17,7 +17,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import pytest
 import torch
 
-from nanoverl_core import RLBatch, load_config
+from nanoverl_core import RLBatch, load_config, load_registry
 
 torch.set_num_threads(1)
 
@@ -43,7 +43,7 @@ def make_config(train_file):
         return load_config(None, [f"data.train_files=[{train_file}]", f"model.path={model_dir}",
                                   "worker.name=hf", "rollout.name=vllm", "trainer.device=cpu", "data.batch_size=2",
                                   "data.max_prompt_length=16", "rollout.max_new_tokens=12", "data.val_batch_size=8",
-                                  *overrides])
+                                  *overrides], registry=load_registry())
     return make
 
 

@@ -21,7 +21,7 @@ import sys
 import torch
 sys.path.insert(0, {tests!r})
 from conftest import prompt_batch
-from nanoverl_core import SamplingParams, load_config
+from nanoverl_core import SamplingParams, load_config, load_registry
 from nanoverl_hf.rollout import HFRollout
 from nanoverl_hf.workers import make_workers
 from nanoverl_vllm import engine
@@ -31,7 +31,7 @@ def main():
     torch.set_num_threads(1)
     cfg = load_config(None, ["data.train_files=[{train}]", "model.path={model}", "worker.name=hf",
                              "rollout.name=vllm", "trainer.device=cpu", "data.batch_size=2",
-                             "data.max_prompt_length=16"])
+                             "data.max_prompt_length=16"], registry=load_registry())
     workers = make_workers(cfg)
     rollout = VLLMRollout(cfg, workers)
     assert not engine.in_process()

@@ -1,7 +1,7 @@
 """Data parallelism for the workers: which rows a rank owns, and cross-rank sums and gathers.
 
 Every rank holds the whole step batch (the trainer gathers the rollout onto every rank). A worker
-stage works on this rank's share of the rows, `nanoverl_core.trainer.dist.rank_rows` (the same
+stage works on this rank's share of the rows, `nanoverl_core.dist.rank_rows` (the same
 split the trainer's rollout uses): a share short of rows is filled with copies of the last row, so
 every rank runs the same number of forward / backward passes (each FSDP pass is a collective, a
 rank that skipped one would hang the others); the fill rows are dropped from outputs and masked
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from nanoverl_core.trainer.dist import init_distributed, rank, rank_rows, world_size
+from nanoverl_core.dist import init_distributed, rank, rank_rows, world_size
 
 __all__ = ["all_reduce_sum", "gather_rows", "init_process_group", "rank", "rank_rows", "world_size"]
 

@@ -37,8 +37,8 @@ import torch
 
 from nanoverl_core import ConfigError, RLBatch, SamplingParams, responses_to_batch
 from nanoverl_core.config import Config
+from nanoverl_core.dist import is_distributed
 from nanoverl_core.rollout import sample_seeds, stop_token_ids
-from nanoverl_core.trainer.dist import is_distributed
 
 from . import engine
 from .engine import TokensPrompt, VLLMSamplingParams

@@ -1,6 +1,7 @@
-"""The little the trainer needs from torch.distributed: who is rank 0, a barrier, and the rollout split.
+"""The little nanoverl needs from torch.distributed: who is rank 0, a barrier, RNG forks, the rollout split.
 
-A single process (no torchrun) is a world of one. torch.distributed is imported only when in use.
+The trainer, the reward stage, workers and plugins all import it from here (`nanoverl_core.dist`). A single
+process (no torchrun) is a world of one. torch.distributed is imported only when in use.
 
 Under `torchrun --nproc_per_node=N -m nanoverl_core.cli ...` every rank runs the whole trainer loop
 on the same step batch (same prompts, same uids: the samplers and RNGs are seeded alike). Only two
@@ -123,8 +124,8 @@ def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...], 
     import torch
     import torch.distributed as dist
 
-    from ..batch import RLBatch
-    from ..rollout import sample_seeds
+    from .batch import RLBatch
+    from .rollout import sample_seeds
 
     if row_seeds:
         batch["sample_seed"] = sample_seeds(len(batch))

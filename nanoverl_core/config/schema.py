@@ -1,0 +1,442 @@
+"""The typed config tree: one attrs class per section, one docstring per field, every default at its field.
+
+Files are TOML, YAML or JSON (load.py); structuring forbids unknown keys and reports a typo with its key
+path and the closest valid key (structure.py); cross-field rules (batch sizes that divide, a critic
+setting with the critic off, ...) run in ``Config.validate`` before any model loads (rules.py).
+
+Over 400 lines on purpose: every key a user can write is declared here, in the order of a config file,
+so "what does this key do and what is its default" has one place to look.
+"""
+
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import attrs
+
+from .components import COMPONENTS, settings_by_name
+from .rules import check_config
+from .structure import converter
+
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                      "seq-mean-token-sum-norm"]
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
+"""How token losses become one number (`algos.agg_loss` computes each); the one list of these names."""
+
+KL_ESTIMATORS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+"""The per-token KL estimators `algos.kl_penalty` computes (kl = k1, mse = k2, low_var_kl = k3); the one
+list of these names."""
+KLEstimator = Literal[KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS)]
+"""An estimator, or one with a "+" suffix: its value with the k2 gradient (straight-through)."""
+
+
+def _settings(**kwargs):
+    """A component's typed settings: not a key the user writes under this name (see `component_settings`)."""
+    return attrs.field(default=None, init=False, **kwargs)
+
+
+@attrs.define
+class TrainerConfig:
+    total_steps: int = 100
+    """Trainer steps (one rollout batch and one policy update each)."""
+    seed: int = 0
+    """Seeds python, numpy and torch; every run with the same seed and config is identical on CPU."""
+    output_dir: str = "runs/demo"
+    """The run directory: config.json, metrics.jsonl, rollouts/, checkpoints/."""
+    save_every: int = 50
+    """Checkpoint period in steps; 0 saves only at the end."""
+    val_every: int = 25
+    """Validation period in steps; 0 never validates."""
+    val_before_train: bool = False
+    """Validate once before the first step (logged as step 0)."""
+    eval_before_after: bool = False
+    """Evaluate on data.val_files before the first step and after the last, greedy and sampled
+    (the `nanoverl-train eval` table): printed, and written to eval.json in the run directory."""
+    resume: str = "auto"
+    """"auto" (newest complete checkpoint in output_dir), "never", or a checkpoint folder path."""
+    keep_checkpoints: int = 2
+    """How many complete checkpoints to keep; older ones are deleted after a successful save."""
+    critic_warmup: int = 0
+    """Steps during which only the critic is updated (the actor waits)."""
+    rollout_samples: int = 8
+    """Samples per step written to rollouts/step_<N>.jsonl; 0 writes none, -1 writes all."""
+    device: str = "auto"
+    """"auto" (cuda if available), "cpu", or "cuda" / "cuda:N"."""
+    num_threads: int = 0
+    """torch intra-op threads; 0 keeps torch's default. One thread is often fastest for tiny models."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A NaN/inf loss or gradient: "stop" ends the run (exit 2, last checkpoint kept), "skip" drops the update."""
+    progress: Literal["auto", "bar", "log", "none"] = "auto"
+    """Progress display: a bar on an interactive terminal, plain log lines otherwise."""
+
+
+@attrs.define
+class DataConfig:
+    train_files: list[str] = attrs.Factory(list)
+    """jsonl / json / parquet files of training prompts, loaded with `datasets`."""
+    val_files: list[str] = attrs.Factory(list)
+    """Validation files; empty disables validation."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt: a string, or a chat message list rendered with the chat template."""
+    data_source_key: str = "data_source"
+    """Column used to group validation summaries (val/<source>/reward/mean); missing -> "default"."""
+    batch_size: int = 16
+    """Prompts per step (before sampling n responses each)."""
+    val_batch_size: int = 64
+    """Prompts per validation generate call."""
+    max_prompt_length: int = 256
+    """Prompts with more tokens are filtered out at load time (the count is logged)."""
+    shuffle: bool = True
+    """Reshuffle the training prompts every epoch (seeded by trainer.seed and the epoch)."""
+    apply_chat_template: bool = True
+    """Render chat-format prompts through the tokenizer's chat template (a tokenizer without one is an
+    error); false joins the messages' contents with newlines."""
+
+
+TargetModules = str | list[str]
+
+
+@attrs.define
+class LoraConfig:
+    """[model.lora]: train a low-rank adapter (peft) instead of every weight; needs nanoverl-hf[lora]."""
+
+    enable: bool = False
+    """Train a LoRA adapter on the frozen base model (policy, and the critic with a full value head);
+    the reference is the same module with the adapter disabled (no second copy)."""
+    rank: int = 8
+    """Adapter rank r (peft LoraConfig.r): trainable parameters per adapted layer r * (in + out)."""
+    alpha: float = 16.0
+    """LoRA alpha: the adapter's output is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input in the update's forward (log-prob passes run without it)."""
+    target_modules: TargetModules = "all-linear"
+    """"all-linear" (every linear layer but the output head) or a list of module names, e.g. ["q_proj", "v_proj"]."""
+
+
+@attrs.define
+class ModelConfig:
+    path: str = ""
+    """A local Hugging Face model folder, or a .gguf file (see README); empty for the debug worker."""
+    tokenizer_path: str = ""
+    """Tokenizer folder if not the model folder."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for training and rollout."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    trust_remote_code: bool = False
+    """Allow model code from the model folder to run (off: only transformers' own classes)."""
+    lora: LoraConfig = attrs.Factory(LoraConfig)
+    """LoRA: rank, alpha, dropout, target modules (off by default: full fine-tuning)."""
+
+
+@attrs.define
+class RolloutConfig:
+    name: str = "debug"
+    """A registered rollout engine (`nanoverl-train plugins` lists them)."""
+    n: int = 1
+    """Responses sampled per prompt; rows sampled from one prompt share a uid."""
+    max_new_tokens: int = 32
+    """Maximum response length; generation stops earlier once every sequence hit EOS."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs for training use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 disables)."""
+    top_k: int = 0
+    """Top-k sampling (0 disables)."""
+    val_n: int = 1
+    """Samples per validation prompt when val_temperature > 0 (mean@n and best@n are logged; greedy
+    validation takes one), and for the sampled row of eval / trainer.eval_before_after."""
+    val_temperature: float = 0.0
+    """Validation temperature; 0 is greedy."""
+    micro_batch_size: int = 0
+    """Rows per generate call; 0 generates the whole batch at once."""
+    share_prompts: bool = True
+    """A rollout that prefills its prompts itself (`hf`): each distinct prompt of a generate call is
+    prefilled once and its KV cache copied to the rows that repeat it (an engine with its own prefix cache
+    needs no key)."""
+    settings: Any = _settings()
+    """The selected rollout's own settings, written as [rollout.<name>] (see `component_settings`)."""
+
+
+@attrs.define
+class WorkerConfig:
+    name: str = "debug"
+    """A registered training backend (`nanoverl-train plugins` lists them)."""
+    settings: Any = _settings()
+    """The selected worker's own settings, written as [worker.<name>]."""
+
+
+@attrs.define
+class OptimConfig:
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = attrs.Factory(lambda: [0.9, 0.999])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up from 0 over this many optimizer steps."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Schedule after warm-up (decays to min_lr_ratio * lr at the run's last optimizer step)."""
+    min_lr_ratio: float = 0.0
+    """Floor of the cosine / linear decay as a fraction of lr."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+
+
+@attrs.define
+class ActorConfig(OptimConfig):
+    lr: float = 1e-6
+    """AdamW learning rate of the policy (the critic's default is 1e-5)."""
+    ppo_epochs: int = 1
+    """Passes over each step's rollouts."""
+    mini_batch_size: int = 0
+    """Prompts per optimizer step (with their n samples); 0 = data.batch_size (one update per epoch)."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward (gradient accumulation); 0 = the whole mini-batch."""
+    max_tokens_per_micro_batch: int = 0
+    """Instead of micro_batch_size: rows grouped by length into micro-batches of at most this many
+    (padded) tokens, for the update and the log-prob passes; 0 = off."""
+    clip_ratio_low: float = 0.2
+    """PPO ratio clip below 1 (ratio >= 1 - clip_ratio_low)."""
+    clip_ratio_high: float = 0.2
+    """PPO ratio clip above 1 (clip-higher uses e.g. 0.28)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (> 1); the loss is capped at -A * clip_ratio_c."""
+    policy_loss: str = "vanilla"
+    """A registered policy loss: "vanilla" (token-level PPO ratio), "gspo" (sequence-level ratio), or a plugin's."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How token losses become one number (README lists when to use each)."""
+    loss_scale_factor: float = 0.0
+    """seq-mean-token-sum-norm divisor; 0 uses the response length budget (rollout.max_new_tokens)."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus coefficient (the loss subtracts entropy_coeff * entropy)."""
+    use_kl_loss: bool = False
+    """Add a KL(pi || ref) loss term (needs reference.enable)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss term."""
+    kl_loss_type: KLEstimator = "low_var_kl"
+    """KL estimator of the loss term: k1 (= kl), abs, k2 (= mse), k3 (= low_var_kl); a "+" suffix keeps the
+    value but takes the k2 gradient (straight-through)."""
+    log_ratio_clamp: float = 20.0
+    """The log-ratio is clamped to +-this before exp so the ratio cannot overflow."""
+    logits_chunk_size: int = 1024
+    """Response positions per chunk through the LM head: log-probs and entropy from the hidden states, never
+    the whole (positions, vocabulary) logits (transformers models with a linear head); 0 = the full logits."""
+    share_prompts: bool = True
+    """Each distinct prompt of a micro-batch runs through the model once and its KV cache serves every row
+    that repeats it (the n samples of a prompt): the same log-probs and gradients to float rounding, for
+    about half the work at ~40-token prompts and 32-token responses. Off (or, by itself, under gradient
+    checkpointing or for a model without a KV cache): every row runs its whole sequence."""
+    settings: Any = _settings()
+    """The selected policy loss's own settings, written as [actor.<policy_loss>]."""
+
+
+@attrs.define
+class CriticConfig(OptimConfig):
+    enable: bool = False
+    """Train a value model (PPO with GAE); every other critic key needs this on."""
+    ppo_epochs: int = 1
+    """Passes over each step's rollouts for the critic."""
+    mini_batch_size: int = 0
+    """Prompts per critic optimizer step; 0 = data.batch_size."""
+    micro_batch_size: int = 0
+    """Rows per critic forward/backward; 0 = the whole mini-batch."""
+    max_tokens_per_micro_batch: int = 0
+    """Instead of micro_batch_size: critic micro-batches of at most this many (padded) tokens; 0 = off."""
+    share_prompts: bool = True
+    """As actor.share_prompts, for the value passes and the critic update."""
+    cliprange_value: float = 0.5
+    """Value clipping around the old values (PPO-style)."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """Aggregation of the value loss."""
+
+
+@attrs.define
+class ReferenceConfig:
+    enable: bool = False
+    """Keep a frozen copy of the initial policy for KL (in the reward or as a loss)."""
+
+
+Level = Literal["off", "token", "sequence", "geometric"]
+
+
+@attrs.define
+class RolloutCorrectionConfig:
+    """Rollout-trainer mismatch correction (algos/rollout_correction.py has verl's and TRL's names)."""
+
+    is_level: Level = "off"
+    """Importance weights pi_train / pi_rollout on the policy loss: per token (TIS), per sequence
+    (product) or its geometric mean; needs a rollout that returns its log-probs."""
+    is_threshold: float = 2.0
+    """Upper bound C of the importance weights: min(w, C) (truncation)."""
+    is_threshold_low: float | None = None
+    """Set a lower bound L to zero weights outside [L, C] instead of truncating (IcePop / masked IS)."""
+    is_batch_normalize: bool = False
+    """Divide the weights by their batch mean."""
+    rs_level: Level = "off"
+    """Rejection: drop tokens (or whole sequences) whose ratio leaves [rs_threshold_low, rs_threshold_high]."""
+    rs_threshold_high: float = 2.0
+    """Upper bound of the rejection band (on pi_train / pi_rollout)."""
+    rs_threshold_low: float | None = None
+    """Lower bound of the rejection band; unset: 1 / rs_threshold_high."""
+    rs_kl: Literal["off", "token_k2", "token_k3", "seq_sum_k2", "seq_sum_k3", "seq_mean_k2", "seq_mean_k3",
+                   "seq_max_k2", "seq_max_k3"] = "off"
+    """Also drop tokens / sequences whose k2 or k3 KL estimate (per token, or its sum / mean / max) exceeds rs_kl_threshold."""
+    rs_kl_threshold: float = 0.0
+    """Threshold of rs_kl (positive when rs_kl is on)."""
+
+    @property
+    def enabled(self) -> bool:
+        return (self.is_level, self.rs_level, self.rs_kl) != ("off", "off", "off")
+
+
+@attrs.define
+class AlgorithmConfig:
+    advantage_estimator: str = "gae"
+    """A registered advantage estimator (`nanoverl-train plugins` lists them; the core has gae and reinforce_plus_plus)."""
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 1.0
+    """GAE lambda."""
+    whiten_advantages: bool = False
+    """GAE: normalise advantages to zero mean / unit variance over valid tokens."""
+    filter_groups: bool = False
+    """Drop groups whose rewards are all equal before the update (they carry no signal)."""
+    mask_truncated: bool = False
+    """DAPO overlong filtering (TRL mask_truncated_completions): responses cut at rollout.max_new_tokens
+    without EOS are masked out of the loss; their scores still count in group baselines."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_coef * KL(pi_old || ref) from the token-level reward (needs reference.enable)."""
+    kl_penalty: KLEstimator = "k1"
+    """KL estimator used in the reward."""
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    """Fixed kl_coef, or the adaptive controller of Ziegler et al. steering to target_kl."""
+    kl_coef: float = 0.001
+    """Initial / fixed coefficient of the in-reward KL penalty."""
+    target_kl: float = 0.1
+    """Adaptive controller: the KL it steers toward."""
+    kl_horizon: int = 10000
+    """Adaptive controller: horizon (in samples) of its proportional update."""
+    rollout_correction: RolloutCorrectionConfig = attrs.Factory(RolloutCorrectionConfig)
+    """Importance weights and rejection for the rollout's own log-probs (off by default)."""
+    settings: Any = _settings()
+    """The selected estimator's own settings, written as [algorithm.<advantage_estimator>]."""
+
+
+@attrs.define
+class RewardComponent:
+    """One of several rewards ([[reward.components]]); the score is the weighted sum of the components."""
+
+    name: str = ""
+    """A registered reward; with `file`, only the component's label (default: the file's stem)."""
+    file: str = ""
+    """A .py file defining this component (runs its code; a warning says so)."""
+    function: str = "compute_score"
+    """Function name inside `file`."""
+    weight: float = 1.0
+    """This component's weight in the score (negative for a penalty)."""
+
+    @property
+    def label(self) -> str:
+        """The name in metrics: reward/<label>/mean."""
+        return self.name or Path(self.file).stem
+
+
+@attrs.define
+class RewardConfig:
+    name: str = "exact_match"
+    """A registered reward function (`nanoverl-train plugins` lists them)."""
+    file: str = ""
+    """Optional path to a .py file defining the reward (runs its code; a warning says so); a verl-style
+    `compute_score(data_source, solution_str, ground_truth, extra_info)` runs unchanged."""
+    function: str = "compute_score"
+    """Function name inside `file`."""
+    components: list[RewardComponent] = attrs.Factory(list)
+    """Several rewards with weights, instead of name / file: [[reward.components]] tables of name or
+    file (+ function) and weight; each logged as reward/<name>/mean, the weighted sum is the score."""
+    workers: int = 4
+    """Worker processes that score in parallel (a crash or hang there never touches the trainer);
+    0 scores in the trainer process (for debugging: timeouts then hold only in the main thread)."""
+    timeout_s: float = 0.0
+    """Per-call time limit in seconds (0: none). A call that runs over is an error (its worker is killed)."""
+    memory_limit_mb: int = 0
+    """Address-space limit of each worker process (RLIMIT_AS) in MiB, so a leaking reward fails with
+    MemoryError or dies instead of exhausting the machine; 0: no limit."""
+    on_error: Literal["raise", "zero"] = "raise"
+    """A call that raises, hangs, returns a non-number or kills its worker: "raise" stops (exit 2,
+    naming the row), "zero" scores it 0, counts it in reward/errors (reward/timeouts, reward/crashes)
+    and continues. Either way the row goes to reward_errors.jsonl in the run directory."""
+    overlong_buffer_len: int = 0
+    """DAPO soft overlong punishment: a response longer than rollout.max_new_tokens - this many tokens
+    loses up to overlong_penalty_factor, linearly over the buffer (verl overlong_buffer.len); 0: off.
+    Training scores only: validation measures the task."""
+    overlong_penalty_factor: float = 1.0
+    """The penalty at rollout.max_new_tokens (verl overlong_buffer.penalty_factor)."""
+    pass_threshold: float = 1.0
+    """Validation pass@k: a sample passes when its score is at least this."""
+    settings: Any = _settings()
+    """The selected reward's own settings, written as [reward.<name>] (with components: a dict by name)."""
+
+
+@attrs.define
+class TrackingConfig:
+    trackers: list[str] = attrs.Factory(lambda: ["console", "jsonl", "plot"])
+    """Registered trackers: console, jsonl (metrics.jsonl), plot (metrics.png), mlflow (a tracking store)."""
+    experiment: str = "nanoverl"
+    """Experiment name (MLflow)."""
+    mlflow_uri: str = ""
+    """Empty: $MLFLOW_TRACKING_URI if set, else the embedded local store (sqlite next to the runs)."""
+    run_name: str = ""
+    """Run name; empty uses the run directory's name."""
+    settings: dict[str, Any] = attrs.field(factory=dict, init=False)
+    """Each selected tracker's own settings by tracker name, written as [tracking.<name>]."""
+
+
+@attrs.define
+class Config:
+    trainer: TrainerConfig = attrs.Factory(TrainerConfig)
+    data: DataConfig = attrs.Factory(DataConfig)
+    model: ModelConfig = attrs.Factory(ModelConfig)
+    rollout: RolloutConfig = attrs.Factory(RolloutConfig)
+    worker: WorkerConfig = attrs.Factory(WorkerConfig)
+    actor: ActorConfig = attrs.Factory(ActorConfig)
+    critic: CriticConfig = attrs.Factory(CriticConfig)
+    reference: ReferenceConfig = attrs.Factory(ReferenceConfig)
+    algorithm: AlgorithmConfig = attrs.Factory(AlgorithmConfig)
+    reward: RewardConfig = attrs.Factory(RewardConfig)
+    tracking: TrackingConfig = attrs.Factory(TrackingConfig)
+
+    # ---- derived values ------------------------------------------------------------------------
+    @property
+    def actor_mini_batch_size(self) -> int:
+        """Prompts per actor optimizer step."""
+        return self.actor.mini_batch_size or self.data.batch_size
+
+    @property
+    def critic_mini_batch_size(self) -> int:
+        return self.critic.mini_batch_size or self.data.batch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data, each component's settings as its [<section>.<name>] table, so
+        `load_config` of the result gives this config back."""
+        data = converter.unstructure(self)
+        for section in COMPONENTS:
+            for name, settings in settings_by_name(self, section).items():
+                if settings is not None:
+                    data[section][name] = converter.unstructure(settings)
+        return data
+
+    def validate(self) -> "Config":
+        """Reject impossible combinations before anything heavy loads (the rules, section by section, are
+        in rules.py)."""
+        check_config(self)
+        return self
+
+
+def _target_modules(value: Any, _: Any) -> str | list[str]:
+    if isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ValueError(f"expected \"all-linear\" or a list of module names, got {type(value).__name__} {value!r}")
+
+
+converter.register_structure_hook(TargetModules, _target_modules)

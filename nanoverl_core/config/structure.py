@@ -1,0 +1,118 @@
+"""Structuring: plain data (a parsed file, overrides applied) into the typed classes, strictly.
+
+cattrs with unknown keys forbidden and no silent coercion (1 is not a bool, "3" not an int, a string not
+a list); every mistake becomes one `ConfigError` line naming the key path, with the closest valid key
+for a typo. The key checks walk any attrs class: the config's sections and a component's settings.
+"""
+
+import difflib
+from typing import Any, get_args, get_origin
+
+import attrs
+import cattrs
+import cattrs.v
+
+from ..errors import ConfigError
+
+converter = cattrs.Converter(forbid_extra_keys=True)
+"""The config's one converter: strict structuring hooks below; `Config.to_dict` unstructures with it."""
+
+
+# cattrs accepts 1 for a bool and "3" for an int; a config typo should not pass silently.
+def _strict(kind: type):
+    def structure(value: Any, _: type) -> Any:
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if not ok:
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    return structure
+
+
+for _kind in (bool, int, float, str):
+    converter.register_structure_hook(_kind, _strict(_kind))
+
+
+# cattrs turns a string into a list of its characters: `train_files = "a.jsonl"` would read ["a", ".", ...].
+def _strict_list(value: Any, kind: Any) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"expected a list, got {type(value).__name__} {value!r}")
+    (item,) = get_args(kind) or (Any,)
+    return [converter.structure(v, item) for v in value]
+
+
+converter.register_structure_hook_func(lambda t: get_origin(t) is list, _strict_list)
+
+
+def user_fields(cls: type) -> dict[str, attrs.Attribute]:
+    """The keys a user may write in a section (component settings live in their own tables)."""
+    return {f.name: f for f in attrs.fields(cls) if f.init}
+
+
+def _known_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    for field in user_fields(cls).values():
+        path = f"{prefix}{field.name}"
+        keys.append(path)
+        if attrs.has(field.type if isinstance(field.type, type) else object):
+            keys += _known_keys(field.type, path + ".")
+    return keys
+
+
+def check_keys(data: dict[str, Any], cls: type, prefix: str = "", extra: tuple[str, ...] = (), *,
+               root: type) -> None:
+    """Unknown keys, reported with their full path and the closest known key (`extra`: more valid paths;
+    `root`: the whole config class, whose keys are the hint when none of this section's is close)."""
+    fields = user_fields(cls)
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            known = [f"{prefix}{name}" for name in fields] + list(extra)
+            close = difflib.get_close_matches(path, known, n=1, cutoff=0.6) or \
+                difflib.get_close_matches(path, [*_known_keys(root), *extra], n=1, cutoff=0.6) or \
+                difflib.get_close_matches(path, known, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys here: {', '.join(known)}"
+            raise ConfigError(f"unknown config key {path!r}{hint}")
+        ftype = fields[key].type
+        if isinstance(ftype, type) and attrs.has(ftype):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {path!r} is a section; write it as a table of keys, not {value!r}")
+            check_keys(value, ftype, path + ".", root=root)
+        (item,) = get_args(ftype) if get_origin(ftype) is list else (None,)
+        if isinstance(item, type) and attrs.has(item) and isinstance(value, list):  # [[reward.components]]
+            for i, entry in enumerate(value):
+                if isinstance(entry, dict):
+                    check_keys(entry, item, f"{path}[{i}].", root=root)
+
+
+def _leaf_message(exc: BaseException, kind: Any) -> str:
+    """A validator's own message (attrs names the field and the bound), else cattrs' default."""
+    if isinstance(exc, ValueError) and str(exc):
+        return str(exc)
+    return cattrs.v.format_exception(exc, kind)
+
+
+def structure_as(data: dict[str, Any], cls: type, prefix: str = "") -> Any:
+    """cattrs structuring with the first error as one line: 'config key <path>: <what is wrong>'.
+    Field validators (a component's settings may declare them) run after, each reported by its key."""
+    try:
+        with attrs.validators.disabled():
+            obj = converter.structure(data, cls)
+        for field in attrs.fields(cls):
+            if field.validator is not None:
+                try:
+                    field.validator(obj, field, getattr(obj, field.name))
+                except (ValueError, TypeError) as exc:
+                    raise ConfigError(f"config key {prefix + field.name!r}: {exc}; fix the value in the config "
+                                      "or override") from None
+        return obj
+    except ConfigError:
+        raise
+    except Exception as exc:  # cattrs wraps every leaf error in a ClassValidationError
+        for message in cattrs.transform_error(exc, path="$", format_exception=_leaf_message):
+            text, _, where = message.partition(" @ ")
+            where = prefix + where.removeprefix("$.").replace("$", "")
+            raise ConfigError(f"config key {where.rstrip('.')!r}: {text}; fix the value in the config "
+                              "or override") from None
+        raise ConfigError(f"config section {prefix.rstrip('.') or 'root'}: {exc}") from None

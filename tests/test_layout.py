@@ -1,0 +1,93 @@
+"""The public surface plugins build on: which nanoverl_core modules a plugin may import.
+
+The list lives in nanoverl_core/__init__.py's docstring, where a plugin author reads it; this test
+parses it and holds every first-party and example plugin to it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import nanoverl_core
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN_SOURCES = sorted([*ROOT.glob("plugins/*/src/**/*.py"), *ROOT.glob("examples/plugins/*/src/**/*.py")])
+
+
+def public_modules() -> list[str]:
+    """The module names listed under "Public modules" in nanoverl_core's docstring."""
+    _, _, listing = nanoverl_core.__doc__.partition("Public modules")
+    return re.findall(r"^    (nanoverl_core[\w.]*)  ", listing, flags=re.MULTILINE)
+
+
+PUBLIC_MODULES = public_modules()
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _imported(module: str, name: str) -> tuple[str, str]:
+    """`from module import name` as (module, name), or (the submodule, "*") when name is a submodule."""
+    try:
+        obj = getattr(importlib.import_module(module), name, None)
+    except ImportError:  # a module that does not exist (any more): reported by its name
+        return module, name
+    if inspect.ismodule(obj):
+        return obj.__name__, "*"
+    if obj is None and _is_module(f"{module}.{name}"):  # a submodule not imported yet
+        return f"{module}.{name}", "*"
+    return module, name
+
+
+def core_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) for every nanoverl_core import in one source file; `from nanoverl_core import dist`
+    counts as the module nanoverl_core.dist, a "nanoverl_core.x:attr" string as nanoverl_core.x."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, "*") for alias in node.names if alias.name.split(".")[0] == "nanoverl_core"]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] == "nanoverl_core":
+            found += [_imported(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [(m, a) for m, a in re.findall(r"^(nanoverl_core[\w.]*):(\w+)$", node.value)]
+    return found
+
+
+def test_the_public_list_names_modules_that_exist_and_not_the_trainer():
+    assert "nanoverl_core" in PUBLIC_MODULES and "nanoverl_core.dist" in PUBLIC_MODULES
+    for name in PUBLIC_MODULES:
+        assert _is_module(name), f"{name} is listed as public but is not a module"
+        assert not name.startswith("nanoverl_core.trainer"), name
+
+
+def test_plugins_import_only_public_core_modules_and_names():
+    assert len(PLUGIN_SOURCES) > 20  # the scan sees the plugins
+    seen = set()
+    for path in PLUGIN_SOURCES:
+        where = path.relative_to(ROOT)
+        for module, name in core_imports(path):
+            seen.add(module)
+            assert not module.startswith("nanoverl_core.trainer"), f"{where} imports {module}: the trainer's own"
+            assert module in PUBLIC_MODULES, f"{where} imports {module}, which nanoverl_core does not list as public"
+            assert not name.startswith("_"), f"{where} imports the private {module}.{name}"
+    assert {"nanoverl_core", "nanoverl_core.config", "nanoverl_core.dist", "nanoverl_core.workers"} <= seen
+
+
+def test_the_scan_sees_every_form_of_core_import(tmp_path):
+    source = tmp_path / "plugin.py"
+    source.write_text("import nanoverl_core.batch\nfrom nanoverl_core import dist, hookimpl\n"
+                      "from nanoverl_core.trainer.dist import rank\nfrom . import own\n"
+                      "from nanoverl_core.rollout import sample_seeds\n"
+                      "def f():\n    from nanoverl_core.workers import _private\n"
+                      "LAZY = 'nanoverl_core.trainer.trainer:Trainer'\n")
+    assert sorted(core_imports(source)) == [
+        ("nanoverl_core", "hookimpl"), ("nanoverl_core.batch", "*"), ("nanoverl_core.dist", "*"),
+        ("nanoverl_core.rollout", "sample_seeds"), ("nanoverl_core.trainer.dist", "rank"),
+        ("nanoverl_core.trainer.trainer", "Trainer"),
+        ("nanoverl_core.workers", "_private")]
