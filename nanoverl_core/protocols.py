@@ -115,7 +115,8 @@ class Rollout(Protocol):
         `prompt_mask` left-padded (B, P)), rows in the same order: `responses` and `response_mask`
         (B, R) right-padded, the mask covering tokens up to and including the stop token; `truncated`
         (B,) bool, True for a row that ended without a stop token (cut at max_new_tokens or by the
-        engine); optionally `rollout_log_probs` (B, R). Build them with
+        engine); optionally `rollout_log_probs` (B, R), and `loss_mask` (B, R) when some response tokens
+        are not the model's (tool or environment tokens: 0 there; the trainer trains on its 1s). Build them with
         `nanoverl_core.responses_to_batch`. Sampling seeds come from torch's global generator; a
         greedy call draws nothing from it. Under torchrun a sampled batch also holds `sample_seed`
         (B,) int64, the same for a row on any number of ranks (`dist.shard_rollout`); an

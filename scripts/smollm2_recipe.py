@@ -1,6 +1,6 @@
 """Run the SmolLM2 arithmetic recipe for several seeds and print its before/after table as JSON.
 
-    python scripts/smollm2_recipe.py --seeds 0 1 2                 # the figures in examples/README
+    python scripts/smollm2_recipe.py --seeds 0 1 2                 # the figures in docs/results.md
     python scripts/smollm2_recipe.py --seeds 0 -- actor.lr=3e-6   # a sweep point: overrides after --
 
 Each seed is one `nanoverl-train --config examples/configs/smollm2_arithmetic.toml trainer.seed=S`

@@ -111,8 +111,9 @@ def test_guide_plugin_is_listed_with_its_version_hook_and_name(guide_plugin):
         "error": ""}
 
 
-def test_guide_plugin_own_tests_pass_as_written(guide_plugin):
-    pkg, env = guide_plugin
+@pytest.mark.parametrize("plugin", ["guide_plugin", "guide_loss_plugin"])
+def test_each_guide_plugins_own_tests_pass_as_written(plugin, request):
+    pkg, env = request.getfixturevalue(plugin)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")],
                           cwd=pkg, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -150,14 +151,6 @@ def test_guide_loss_plugin_is_listed_with_its_hook_and_name(guide_loss_plugin):
     listed = {p["dist"]: p for p in json.loads(proc.stdout)}["nanoverl-ppo-penalty"]
     assert (listed["hooks"], listed["names"], listed["error"]) == (["register_policy_losses"],
                                                                    {"policy_loss": ["ppo_penalty"]}, "")
-
-
-def test_guide_loss_plugin_own_tests_pass_as_written(guide_loss_plugin):
-    pkg, env = guide_loss_plugin
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")],
-                          cwd=pkg, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "3 passed" in proc.stdout
 
 
 def test_guide_loss_and_its_setting_reach_a_debug_run(guide_loss_plugin, tmp_path):

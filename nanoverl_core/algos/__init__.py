@@ -1,7 +1,7 @@
 """RL math as pure functions: masked reductions, KL, losses, core advantage estimators, groups.
 
 Every function documents the shape and meaning of each tensor; numbers agree with verl's
-`verl/trainer/ppo/core_algos.py` on valid positions except where the README lists a difference.
+`verl/trainer/ppo/core_algos.py` on valid positions except where docs/verl-differences.md lists a difference.
 """
 
 from .advantages import (compute_gae_advantage_return, compute_reinforce_plus_plus_outcome_advantage, gae,

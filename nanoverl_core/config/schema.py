@@ -115,7 +115,7 @@ class LoraConfig:
 @attrs.define
 class ModelConfig:
     path: str = ""
-    """A local Hugging Face model folder, or a .gguf file (see README); empty for the debug worker."""
+    """A local Hugging Face model folder, or a .gguf file (docs/backends.md); empty for the debug worker."""
     tokenizer_path: str = ""
     """Tokenizer folder if not the model folder."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -205,7 +205,7 @@ class ActorConfig(OptimConfig):
     policy_loss: str = "vanilla"
     """A registered policy loss: "vanilla" (token-level PPO ratio), "gspo" (sequence-level ratio), or a plugin's."""
     loss_agg_mode: LossAggMode = "token-mean"
-    """How token losses become one number (README lists when to use each)."""
+    """How token losses become one number (docs/algorithms.md lists when to use each)."""
     loss_scale_factor: float = 0.0
     """seq-mean-token-sum-norm divisor; 0 uses the response length budget (rollout.max_new_tokens)."""
     entropy_coeff: float = 0.0

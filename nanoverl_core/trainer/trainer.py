@@ -277,9 +277,9 @@ def expand(batch: RLBatch, n: int) -> RLBatch:
 
 
 def loss_mask(batch: RLBatch, mask_truncated: bool) -> torch.Tensor:
-    """(B, R) the response tokens the update counts: all of them, or with mask_truncated (DAPO's overlong
-    filtering, algorithm.mask_truncated) none of a truncated row's; its score stays for group baselines."""
-    mask = batch["response_mask"]
+    """(B, R) the tokens the update counts: the rollout's loss_mask if it sent one (its model's tokens),
+    else every response token; with mask_truncated (DAPO's overlong filtering) none of a truncated row's."""
+    mask = batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
     return mask * (~batch["truncated"]).to(mask.dtype)[:, None] if mask_truncated else mask.clone()
 
 

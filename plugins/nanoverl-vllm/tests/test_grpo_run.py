@@ -22,7 +22,7 @@ TRAIN = Path(sys.executable).parent / "nanoverl-train"
 STEPS = 250
 VAL_REWARD_AT_LEAST = 0.7
 """Measured greedy val/reward/mean at step 250, seed 0: 1.0 with rollout vllm (1.0 from step 200 on),
-0.922 with rollout hf. Over seeds 0-4 the mean is 0.834 (vllm) and 0.825 (hf); the README has the table."""
+0.922 with rollout hf. Over seeds 0-4 the mean is 0.834 (vllm) and 0.825 (hf)."""
 
 
 CORRECTION = ["algorithm.rollout_correction.is_level=token", "algorithm.rollout_correction.rs_level=geometric"]
