@@ -49,6 +49,27 @@ def assert_user_error(proc, *needles: str) -> str:
     return lines[0]
 
 
+def replay_steps(worker, params_after: list, replay: list | None = None) -> None:
+    """Append `worker`'s trainable parameters after each optimizer step to `params_after`; with `replay`
+    (another run's `params_after`), continue each step from that run's parameters instead. Two updates
+    that should agree then take every step from the same weights and compare step by step. Left alone,
+    Adam (which moves a weight by ~lr whatever the size of its gradient) turns float rounding on near-zero
+    gradients into weight differences of up to ~lr, which every later step inherits, by an amount that
+    changes with the CPU and the thread count."""
+    import torch
+
+    params = {name: p for name, p in worker.module.named_parameters() if p.requires_grad}
+
+    def after(optimizer, args, kwargs):
+        params_after.append({name: p.detach().clone() for name, p in params.items()})
+        if replay is not None:
+            with torch.no_grad():
+                for name, p in params.items():
+                    p.copy_(replay[len(params_after) - 1][name])
+
+    worker.optimizer.register_step_post_hook(after)
+
+
 @pytest.fixture(scope="session")
 def plugin_site(tmp_path_factory) -> Path:
     """The fixture plugins installed with pip into a private folder (put it on PYTHONPATH to enable them)."""

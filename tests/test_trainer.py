@@ -22,7 +22,8 @@ def test_ppo_with_critic_learns_the_copy_task(tmp_path):
     rows = read_metrics(tmp_path)
     first = sum(r["reward/mean"] for r in rows[:10]) / 10
     last = sum(r["reward/mean"] for r in rows[-10:]) / 10
-    # measured: ~0.04 at the start; ~0.95 after 100 steps (seed 0); val 1.0
+    # measured (seed 0): ~0.03 at the start; 0.75-0.79 over the last 10 steps and val 1.0, also with lr off
+    # by 0.001-1% (a stand-in for another CPU's rounding). Other seeds (other initial weights) do worse.
     assert first < 0.15 and last > 0.6, (first, last)
     assert rows[-1]["val/reward/mean"] > 0.6
     assert "critic/vf_loss" in rows[-1] and "critic/values/mean" in rows[-1]

@@ -44,8 +44,11 @@ def run(cmd: list[str], *, timeout: float = 120, check: bool = True, **env_extra
 
 
 def assert_same_update(hf: dict, fsdp: dict, atol: float) -> None:
-    """update_driver's results of one process (`hf`) and of 2 FSDP ranks (`fsdp`): the same start, the same
-    log-probs, values and metrics, and the same actor and critic parameters after the update, to `atol`."""
+    """update_driver's results of one process (`hf`, run with replay=fsdp) and of FSDP ranks (`fsdp`): the
+    same start; the same log-probs, values and metrics to `atol`; at every optimizer step of actor and
+    critic (each from the same weights: the hf side replays the fsdp side's), the same gradients and the
+    same parameters after the step wherever Adam's step is well conditioned (assert_same_adam_step); and
+    the same full parameters at the end."""
     import torch
 
     assert all(torch.equal(hf["initial"][k], fsdp["initial"][k]) for k in hf["initial"])   # same start
@@ -55,10 +58,27 @@ def assert_same_update(hf: dict, fsdp: dict, atol: float) -> None:
         assert fsdp[key].keys() == hf[key].keys()
         for name, want in hf[key].items():
             assert fsdp[key][name] == pytest.approx(want, abs=atol), (key, name)
+    assert_same_steps(hf, fsdp, atol)
     for model in ("actor", "critic"):
         assert fsdp[model].keys() == hf[model].keys()
         for name, want in hf[model].items():
             torch.testing.assert_close(fsdp[model][name], want, atol=atol, rtol=0, msg=f"{model} {name}")
+
+
+def assert_same_steps(hf: dict, fsdp: dict, atol: float) -> None:
+    """Every optimizer step of actor and critic in update_driver's results, `hf` run with replay=fsdp (so
+    both sides take each step from the same weights): the same gradients (as the optimizer saw them), and
+    the same parameters after the step to `atol` wherever Adam's step is well conditioned (see
+    assert_same_adam_step). After the first step Adam's normalised step m / sqrt(v) mixes the gradient
+    with the moments of the earlier ones and so carries its relative rounding: ~1e-10 absolute on a
+    gradient just above assert_same_adam_step's 1e-6, 1e-4 relative, times lr 1e-2 gives ~1e-6; atol = 1e-5
+    (measured: 7e-7 at most)."""
+    from nanoverl_core.testing import assert_same_adam_step
+
+    for model in ("actor", "critic"):
+        assert len(fsdp["steps"][model]) == len(hf["steps"][model]) > 0, model
+        for got, want in zip(fsdp["steps"][model], hf["steps"][model]):
+            assert_same_adam_step(got["params"], want["params"], got["grads"], want["grads"], atol=atol)
 
 
 def read_metrics(run_dir: Path) -> dict[int, dict]:

@@ -30,9 +30,10 @@ def results(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora")
     run(torchrun(2, str(HERE / "update_driver.py"), "--worker", "fsdp", "--model", str(tiny_model),
                  "--out", str(tmp / "fsdp.pt"), "--ckpt", str(tmp / "checkpoint"), "--", *LORA), timeout=200)
+    fsdp = torch.load(tmp / "fsdp.pt")
     torch.manual_seed(0)
-    hf = update_driver.run("hf", tiny_model, extra=LORA)
-    return hf, torch.load(tmp / "fsdp.pt"), tmp
+    hf = update_driver.run("hf", tiny_model, extra=LORA, replay=fsdp)   # each step from the fsdp side's weights
+    return hf, fsdp, tmp
 
 
 def test_a_two_rank_lora_update_equals_one_process(results):

@@ -5,8 +5,9 @@
 
 The batch, the config and the initial weights depend only on the seed, so every process (and every
 world size) starts from the same numbers. Rank 0 writes the results: log-probs, values, the update
-metrics and the full parameters after the update. With --ckpt the fsdp actor also saves a sharded
-checkpoint there and the results hold the FSDP policy's logits on a fixed input (for the export test).
+metrics, each optimizer step's gradients and parameters (`steps`, see record_steps) and the full
+parameters after the update. With --ckpt the fsdp actor also saves a sharded checkpoint there and the
+results hold the FSDP policy's logits on a fixed input (for the export test).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def fixed_batch(tokenizer, prompts: int = 4, seed: int = 1) -> RLBatch:
         batch["response_mask"][i, :r] = 1
     mask = batch["response_mask"]
     batch["advantages"] = torch.randn(rows, R, generator=g) * mask
+    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
     batch["returns"] = torch.randn(rows, R, generator=g) * mask
     batch["old_log_probs_offset"] = 0.3 * torch.randn(rows, R, generator=g) * mask   # ratios away from 1: clipping
     return batch
@@ -82,7 +84,38 @@ def full_params(worker) -> dict[str, torch.Tensor]:
             for k, v in worker.module.state_dict().items()}
 
 
-def run(worker: str, model: Path, ckpt: Path | None = None, extra: tuple[str, ...] = ()) -> dict:
+def record_steps(worker, steps: list, replay: list | None = None) -> None:
+    """Append each optimizer step of `worker` to `steps`: {"grads": the gradients as the optimizer sees
+    them (after the clip), "params": the trainable parameters after the step}, full tensors (a collective
+    under FSDP, which every rank's step runs). With `replay` (another run's `steps`), each step then
+    continues from that run's parameters, so every step of the two runs starts from the same weights and
+    they compare step by step: otherwise Adam, which moves a weight by ~lr whatever the size of its
+    gradient, turns float rounding on near-zero gradients into parameter differences of ~lr that the
+    later steps carry on (more or less with the CPU and the thread count)."""
+    names = {p: name for name, p in worker.module.named_parameters() if p.requires_grad}
+
+    def full(t: torch.Tensor) -> torch.Tensor:
+        return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
+
+    def before(optimizer, args, kwargs):
+        steps.append({"grads": {names[p]: full(p.grad) for group in optimizer.param_groups for p in group["params"]
+                                if p.grad is not None}})
+
+    def after(optimizer, args, kwargs):
+        steps[-1]["params"] = {name: full(p) for p, name in names.items()}
+        if replay is not None:
+            with torch.no_grad():
+                for p, name in names.items():
+                    p.copy_(replay[len(steps) - 1]["params"][name])
+
+    worker.optimizer.register_step_pre_hook(before)
+    worker.optimizer.register_step_post_hook(after)
+
+
+def run(worker: str, model: Path, ckpt: Path | None = None, extra: tuple[str, ...] = (),
+        replay: dict | None = None) -> dict:
+    """The update on `worker`; `replay` (another run's results, hf side only) continues each optimizer step
+    from that run's parameters (record_steps)."""
     if worker == "hf":
         from nanoverl_hf.workers import make_workers
     else:
@@ -91,7 +124,9 @@ def run(worker: str, model: Path, ckpt: Path | None = None, extra: tuple[str, ..
     torch.manual_seed(0)
     workers = make_workers(config)
     batch = fixed_batch(workers.tokenizer)
-    out: dict = {"initial": full_params(workers.actor)}
+    out: dict = {"initial": full_params(workers.actor), "steps": {"actor": [], "critic": []}}
+    for name in ("actor", "critic"):
+        record_steps(getattr(workers, name), out["steps"][name], replay and replay["steps"][name])
     log_probs = workers.actor.compute_log_probs(batch)                              # (16, 6)
     batch["old_log_probs"] = log_probs + batch.pop("old_log_probs_offset")
     batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)
