@@ -61,7 +61,7 @@ KILL_DRIVER = '''
 import os, shutil, signal, sys
 from pathlib import Path
 
-from nanoverl_core import workers
+from nanoverl_core.workers import ppo as workers
 from nanoverl_core.cli import main
 from nanoverl_core.trainer import checkpoint, trainer  # trainer binds its own names before any patching
 
