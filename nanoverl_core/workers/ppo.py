@@ -10,6 +10,9 @@ Module conventions: ``module(input_ids=, attention_mask=, position_ids=)`` retur
 of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py); a module whose forward takes
 a KV cache runs each distinct prompt of a micro-batch once (``actor.share_prompts``,
 workers/prompt_cache.py).
+
+(Over 400 lines: the shared worker base and its two subclasses are one mechanism, read together; the
+parts that stand alone, prompt caching, the LM head and checkpoint files, are their own modules.)
 """
 
 from __future__ import annotations
