@@ -64,7 +64,9 @@ def assert_grads_close(got, want, tol):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_chunked_values_and_gradients_equal_the_full_logits_path(chunk, temperature, bias, dtype):
-    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    # float32: the two paths sum V = 300 terms in different orders; the largest difference seen over thread
+    # counts and kernel ISAs was 0.83e-5, so 3e-5 (float64 stays at 1e-12)
+    tol = 3e-5 if dtype == torch.float32 else 1e-12
     hidden, mask, labels, weight, b = inputs(dtype, bias=bias)
     want = values_and_grads(lambda h, w, y, b: plain(h, w, y, b, temperature), hidden, mask, labels, weight, b)
     got = values_and_grads(lambda h, w, y, b: logprobs_from_hidden(h, w, y, b, temperature=temperature,
