@@ -9,8 +9,8 @@
 
 Each stage is one named call, timed into ``timing/<stage>``, that returns what it adds to the batch;
 the step assigns it. ``response_mask`` (what the rollout produced) never changes; ``loss_mask`` (what the
-update counts) starts from it and named stages narrow it (``loss_mask``, ``correct_rollout``). Everything the step needs (workers, rollout, reward, estimator, policy loss,
-trackers) is resolved from the registry before the first model loads.
+update counts) starts from it and named stages narrow it (``loss_mask``, ``correct_rollout``).
+Everything the step needs is resolved from the registry before the first model loads.
 """
 
 from __future__ import annotations
