@@ -11,6 +11,7 @@ Public modules, the only ones a plugin imports (tests/test_layout.py holds every
     nanoverl_core.config      the typed config classes, load_config
     nanoverl_core.data        prompt loading and collation
     nanoverl_core.dist        ranks, RNG forks, process groups, the rollout split across ranks
+    nanoverl_core.env         multi-turn episodes: EnvStep, Turn, tool_environment, EpisodeRollout
     nanoverl_core.errors      one error type per kind of user mistake
     nanoverl_core.hookspecs   the hooks a plugin implements and the rules every backend follows
     nanoverl_core.plugins     Registry, load_registry

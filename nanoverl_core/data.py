@@ -63,10 +63,15 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
     return rows
 
 
-def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer) -> str:
+def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer, tools: list | None = None) -> str:
+    """The prompt text of `row`; with `tools` (a multi-turn environment's), rendered with the tools'
+    schemas (nanoverl_core.env.tools: the template's own tool format, or the tag-format instructions)."""
     prompt = row.get(cfg.prompt_key)
     where = f"{row['__file__']} row {row['__row__']}"
     if isinstance(prompt, str):
+        if tools:
+            from .env.tools import tool_prompt
+            return f"{tool_prompt(tools)}\n\n{prompt}"
         return prompt
     if isinstance(prompt, list) and all(isinstance(m, dict) and "content" in m for m in prompt):
         if not cfg.apply_chat_template:
@@ -75,6 +80,9 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer) -> str:
             raise DataError(f"{where}: {cfg.prompt_key!r} is a chat (a list of messages) but the tokenizer has no "
                             "chat template; use a model whose tokenizer has one, or set data.apply_chat_template "
                             "= false to join the messages' contents with newlines")
+        if tools:
+            from .env.tools import with_tools
+            return with_tools(prompt, tokenizer, tools)
         return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     if prompt is None:
         raise DataError(f"{where} has no {cfg.prompt_key!r} column; set data.prompt_key to the prompt column "
@@ -83,11 +91,12 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer) -> str:
                     f"with 'content', got {type(prompt).__name__}")
 
 
-def load_prompts(files: list[str], cfg: DataConfig, tokenizer, key: str = "data.train_files") -> PromptDataset:
+def load_prompts(files: list[str], cfg: DataConfig, tokenizer, key: str = "data.train_files",
+                 tools: list | None = None) -> PromptDataset:
     rows = read_rows(files, key)
     kept_rows, ids, texts = [], [], []
     for row in rows:
-        text = render_prompt(row, cfg, tokenizer)
+        text = render_prompt(row, cfg, tokenizer, tools)
         try:
             tokens = tokenizer.encode(text, add_special_tokens=False) if getattr(tokenizer, "chat_template", None) \
                 else tokenizer.encode(text)

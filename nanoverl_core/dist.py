@@ -87,6 +87,18 @@ def rank_rows(num_rows: int) -> tuple[list[int], int]:
     return rows + [num_rows - 1] * (share - real), real
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's generators (torch's: the CPU and every CUDA device)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def fork_rng():
     """torch.random.fork_rng over the CPU and every CUDA device, so re-seeding inside the block (which
     seeds all devices) leaves every generator outside it as it was."""

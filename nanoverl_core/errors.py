@@ -26,6 +26,11 @@ class RewardError(UserError):
     """A reward function raised, timed out, or returned something that is not a finite score."""
 
 
+class EpisodeError(UserError):
+    """An environment raised, timed out, returned something that is not an `EnvStep`, or its answer
+    cannot be rendered (environment.on_error = "raise")."""
+
+
 class CheckpointError(UserError):
     """A checkpoint is missing, incomplete, or cannot be written."""
 

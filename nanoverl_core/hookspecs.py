@@ -1,4 +1,4 @@
-"""The six plugin hooks, and the contracts of what they register.
+"""The seven plugin hooks, and the contracts of what they register.
 
 A plugin is a module named by an entry point in the group ``nanoverl``. It implements any of the
 hooks below with ``@hookimpl``; each hook is called once, with a ``register`` callback:
@@ -119,6 +119,20 @@ def register_policy_losses(register: Register) -> None:
     """
 
 
+@hookspec
+def register_environments(register: Register) -> None:
+    """Register environments for multi-turn episodes, selected by ``environment.name``; settings in
+    ``[environment.<name>]``.
+
+    obj: a ``nanoverl_core.protocols.MakeEnvironment``, ``make_env(sample: dict, settings=...) ->
+    Environment``, called once per episode with its data row (``settings=`` only when it registered
+    settings); the environment's ``step(turn: nanoverl_core.env.Turn) -> nanoverl_core.env.EnvStep``
+    answers each model turn, and its optional ``close()`` ends the episode. Optional attribute:
+    ``tools`` (see ``MakeEnvironment``). ``nanoverl_core.env.tool_environment(*functions)`` builds one
+    from plain Python functions.
+    """
+
+
 HOOKS: dict[str, str] = {
     "register_rollouts": "rollout",
     "register_workers": "worker",
@@ -126,5 +140,6 @@ HOOKS: dict[str, str] = {
     "register_rewards": "reward",
     "register_trackers": "tracker",
     "register_policy_losses": "policy_loss",
+    "register_environments": "environment",
 }
 """Hook name -> registry kind."""

@@ -4,8 +4,8 @@ Two kinds. The objects a run works with: `Workers` (nanoverl_core.workers) holds
 policy), an optional frozen `Actor` (the reference) and an optional `Critic`; a `Rollout` generates;
 a `Tracker` logs. And the callables the hooks of `nanoverl_core.hookspecs` register, which build or
 are those components: `MakeWorkers`, `MakeRollout`, `Estimator`, `RewardFn`, `PolicyLoss`,
-`MakeTracker`. The framework reads a few optional attributes off a registered callable (with
-`getattr` and a default: a callable without them is valid); each protocol's docstring lists them
+`MakeTracker`, `MakeEnvironment` (which builds an `Environment`). The framework reads a few optional
+attributes off a registered callable (with `getattr` and a default: a callable without them is valid); each protocol's docstring lists them
 under "Optional attributes" and says what the framework does with them.
 
 `TorchActor` / `TorchCritic` implement the worker protocols over any Hugging Face-style module, so a
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .algos.losses import PolicyLossInputs
     from .batch import RLBatch
     from .config import ActorConfig, AlgorithmConfig, Config
+    from .env import EnvStep, Turn
     from .rollout import SamplingParams
     from .workers import Workers
 
@@ -228,3 +229,31 @@ class MakeTracker(Protocol):
     being resumed was saved, else None."""
 
     def __call__(self, config: Config, run_dir: Path, state: dict | None) -> Tracker: ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """One multi-turn episode's world (state lives on the object; a fresh one per episode)."""
+
+    def step(self, turn: Turn) -> EnvStep:
+        """Answer the model's turn (its text and exact token ids): the observation to append (text, or chat
+        messages rendered by the chat template), this turn's reward, whether the episode is done, and
+        counters (``info``) logged as ``episode/<key>/mean``. Raising, hanging past
+        ``environment.timeout_s`` or returning anything but an ``EnvStep`` is a failure handled under
+        ``environment.on_error``; a model's malformed action should be answered, not raised."""
+
+    # optional: def close(self) -> None, called once when the episode ends (also after a failure)
+
+
+class MakeEnvironment(Protocol):
+    """`register_environments`: ``make_env(sample, settings=...) -> Environment`` (selected by
+    ``environment.name``), called once per episode with the episode's data row (``settings=`` only when
+    it registered settings). Multi-turn episodes run through any rollout (nanoverl_core.env.episode).
+
+    Optional attributes:
+      * ``tools``: a list of Python functions (type hints, Google-style docstring): prompts are rendered
+        with their schemas, through the chat template's tool format or the tag format of
+        nanoverl_core.env.tools. ``nanoverl_core.env.tool_environment`` sets it.
+    """
+
+    def __call__(self, sample: dict, **settings: Any) -> Environment: ...

@@ -100,7 +100,10 @@ def _tensor_responses_to_batch(responses: torch.Tensor, eos: set[int], pad_token
 
 
 def decode_responses(tokenizer, batch: RLBatch) -> list[str]:
-    """Each row's response text: its valid tokens (the mask is a prefix) decoded without special tokens."""
+    """Each row's response text: its valid tokens (the mask is a prefix) decoded without special tokens;
+    for a multi-turn episode the last model turn's text (`final_text`, what [reward] scores)."""
+    if "final_text" in batch:
+        return list(batch["final_text"])
     lengths = batch["response_mask"].sum(-1).int().tolist()
     rows = [ids[:n] for ids, n in zip(batch["responses"].tolist(), lengths)]
     batch_decode = getattr(tokenizer, "batch_decode", None)  # one call for the batch (HF)

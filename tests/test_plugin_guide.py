@@ -26,6 +26,7 @@ HOOK_HEADING = re.compile(r"^### `(register_\w+)\((.*)\) -> (.+)`$", re.M)
 KIND_ROW = re.compile(r"^\| `(register_\w+)` \| `(\w+)` \|", re.M)
 FILE_BLOCK = re.compile(r"^```\w*\n# file: (\S+)\n(.*?)^```$", re.M | re.S)
 LOSS_HEADING = "## A policy loss with its own settings"
+ENV_HEADING = "## A multi-turn environment"
 
 
 def spec_signature(fn) -> tuple[str, str]:
@@ -64,11 +65,12 @@ def test_guide_and_hookspecs_state_the_same_register_signature():
 
 # ---- (b) the guide's example plugins work as written ---------------------------------------------
 def guide_files(example: str) -> list[tuple[str, str]]:
-    """(path, body) of the `# file:` blocks of the guide's "reward" or "loss" example plugin."""
+    """(path, body) of the `# file:` blocks of the guide's "reward", "loss" or "env" example plugin."""
     guide = GUIDE.read_text()
-    start = guide.index(LOSS_HEADING)
-    end = guide.index("\n## ", start + 1)
-    return FILE_BLOCK.findall(guide[:start] if example == "reward" else guide[start:end])
+    if example == "reward":
+        return FILE_BLOCK.findall(guide[:guide.index(LOSS_HEADING)])
+    start = guide.index(LOSS_HEADING if example == "loss" else ENV_HEADING)
+    return FILE_BLOCK.findall(guide[start:guide.index("\n## ", start + 1)])
 
 
 def install(tmp: Path, files: list[tuple[str, str]]) -> tuple[Path, dict[str, str]]:
@@ -99,6 +101,14 @@ def guide_loss_plugin(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     return install(tmp_path_factory.mktemp("guide-loss-plugin"), files)
 
 
+@pytest.fixture(scope="module")
+def guide_env_plugin(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The guide's environment plugin, installed; returns (pkg, env)."""
+    files = guide_files("env")
+    assert {path for path, _ in files} >= {"pyproject.toml", "src/nanoverl_guess_digit/plugin.py"}, files
+    return install(tmp_path_factory.mktemp("guide-env-plugin"), files)
+
+
 def test_guide_plugin_is_listed_with_its_version_hook_and_name(guide_plugin):
     _, env = guide_plugin
     proc = run_cli("plugins", "--json", env=env)
@@ -111,7 +121,7 @@ def test_guide_plugin_is_listed_with_its_version_hook_and_name(guide_plugin):
         "error": ""}
 
 
-@pytest.mark.parametrize("plugin", ["guide_plugin", "guide_loss_plugin"])
+@pytest.mark.parametrize("plugin", ["guide_plugin", "guide_loss_plugin", "guide_env_plugin"])
 def test_each_guide_plugins_own_tests_pass_as_written(plugin, request):
     pkg, env = request.getfixturevalue(plugin)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")],
@@ -183,3 +193,31 @@ def test_guide_loss_and_its_setting_reach_a_debug_run(guide_loss_plugin, tmp_pat
 
     bad = run_cli(*base, "actor.policy_loss=ppo_penalty", "actor.ppo_penalty.beta=-1", "--dry-run", env=env)
     assert bad.returncode == 2 and "actor.ppo_penalty.beta" in bad.stderr, bad.stderr
+
+
+# ---- (d) the guide's environment plays episodes by name ------------------------------------------------
+def test_guide_environment_plays_episodes_by_name_in_a_debug_run(guide_env_plugin, tmp_path):
+    """The overrides of the guide's TOML: episodes of up to 4 turns, each guess answered with + or -,
+    scored by the environment alone (a found digit scores 1), logged per step and dumped turn by turn."""
+    _, env = guide_env_plugin
+    run_dir = tmp_path / "run"
+    proc = run_cli("--config", str(EXAMPLES / "debug_reinforce.toml"), "environment.name=guess_digit",
+                   "environment.max_turns=4", "environment.score_answer=false", "rollout.max_new_tokens=12",
+                   "trainer.total_steps=2", "trainer.val_every=0", "trainer.save_every=0",
+                   "trainer.rollout_samples=-1", "tracking.trackers=[jsonl]", f"trainer.output_dir={run_dir}", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = read_metrics(run_dir)
+    assert {"episode/turns/mean", "episode/env_tokens/mean", "episode/errors"} <= set(metrics[-1])
+    rows = [json.loads(line) for line in (run_dir / "rollouts" / "step_2.jsonl").read_text().splitlines()]
+    assert len(rows) == 128
+    for row in rows:
+        secret = row["prompt"][0]
+        turns = row["episode"]
+        # a turn cut by the token budget is not answered (it has no reward): only answered guesses count
+        guesses = [t["text"].strip()[:1] for t in turns if t["role"] == "model" and "reward" in t]
+        found = secret in guesses
+        assert row["score"] == pytest.approx(1.0 if found else 0.0), row
+        for turn, answer in zip(turns, turns[1:]):
+            if answer["role"] == "environment":
+                guess = turn["text"].strip()[:1]
+                assert answer["text"] == ("?" if not guess.isdigit() else "+" if guess < secret else "-"), row

@@ -1,4 +1,5 @@
-"""[worker.debug] and [rollout.debug]: the debug backends' settings (no torch import: checking a config stays fast)."""
+"""[worker.debug], [rollout.debug] and [environment.copy_turns]: the built-ins' settings (no torch import:
+checking a config stays fast)."""
 
 import attrs
 
@@ -20,3 +21,11 @@ class DebugRolloutSettings:
     log_probs: bool = False
     """Return rollout_log_probs (each sampled token's log-prob under the distribution it was drawn
     from), as vLLM does, so rollout correction and its metrics run on the debug backends."""
+
+
+@attrs.define
+class CopyTurnsSettings:
+    chars_per_turn: int = attrs.field(default=2, validator=_positive)
+    """Characters of the target the model answers per turn (the last turn may take fewer)."""
+    separator: str = "="
+    """The environment's answer after each turn (text in the tokenizer's alphabet)."""

@@ -44,3 +44,11 @@ def register_policy_losses(register):
     losses = "nanoverl_core.algos.losses"
     register("vanilla", f"{losses}:vanilla", description="token-level PPO clip with clip-higher and dual clip")
     register("gspo", f"{losses}:gspo", description="sequence-level ratio, the geometric mean of token ratios (GSPO)")
+
+
+@hookimpl
+def register_environments(register):
+    register("copy_turns", f"{_HERE}.environments:copy_turns", settings=f"{_HERE}.debug_settings:CopyTurnsSettings",
+             description="the copy task answered a few characters per turn (multi-turn twin of char_match)")
+    register("calculator", f"{_HERE}.environments:calculator",
+             description="one tool, calculate(expression), for integer arithmetic; [reward] scores the answer")

@@ -11,10 +11,10 @@
 from .components import COMPONENTS, component_settings
 from .load import apply_override, config_from_dict, load_config
 from .schema import (KL_ESTIMATORS, LOSS_AGG_MODES, ActorConfig, AlgorithmConfig, Config, CriticConfig, DataConfig,
-                     KLEstimator, LoraConfig, LossAggMode, ModelConfig, OptimConfig, ReferenceConfig, RewardComponent,
+                     EnvironmentConfig, KLEstimator, LoraConfig, LossAggMode, ModelConfig, OptimConfig, ReferenceConfig, RewardComponent,
                      RewardConfig, RolloutConfig, RolloutCorrectionConfig, TrackingConfig, TrainerConfig, WorkerConfig)
 
 __all__ = ["COMPONENTS", "KL_ESTIMATORS", "LOSS_AGG_MODES", "ActorConfig", "AlgorithmConfig", "Config", "CriticConfig",
-           "DataConfig", "KLEstimator", "LoraConfig", "LossAggMode", "ModelConfig", "OptimConfig", "ReferenceConfig",
+           "DataConfig", "EnvironmentConfig", "KLEstimator", "LoraConfig", "LossAggMode", "ModelConfig", "OptimConfig", "ReferenceConfig",
            "RewardComponent", "RewardConfig", "RolloutConfig", "RolloutCorrectionConfig", "TrackingConfig",
            "TrainerConfig", "WorkerConfig", "apply_override", "component_settings", "config_from_dict", "load_config"]

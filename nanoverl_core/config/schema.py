@@ -379,6 +379,32 @@ class RewardConfig:
 
 
 @attrs.define
+class EnvironmentConfig:
+    """[environment]: multi-turn episodes (docs/multiturn.md). Empty name: one prompt, one response."""
+
+    name: str = ""
+    """A registered environment (`nanoverl-train plugins` lists them); every rollout then runs episodes."""
+    max_turns: int = attrs.field(default=4, validator=attrs.validators.gt(0))
+    """Model turns per episode at most; the environment's answer to the last one is not appended."""
+    max_turn_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Tokens one model turn may sample (0: whatever is left of the episode's budget, which is
+    rollout.max_new_tokens for the model's and the environment's tokens together)."""
+    reward_weight: float = 1.0
+    """Weight of the environment's rewards in the score (each on the last token of its turn)."""
+    score_answer: bool = True
+    """Also score the last model turn's text with [reward] (added with weight 1); false: the
+    environment's rewards alone."""
+    timeout_s: float = 30.0
+    """Time limit in seconds of each environment call (start, step, close); 0: none."""
+    on_error: Literal["raise", "zero"] = "raise"
+    """An environment that raises, hangs or answers with something unusable: "raise" stops (exit 2,
+    naming the row and turn), "zero" ends that episode with score 0, counts it in episode/errors and
+    writes it to reward_errors.jsonl."""
+    settings: Any = _settings()
+    """The selected environment's own settings, written as [environment.<name>]."""
+
+
+@attrs.define
 class TrackingConfig:
     trackers: list[str] = attrs.Factory(lambda: ["console", "jsonl", "plot"])
     """Registered trackers: console, jsonl (metrics.jsonl), plot (metrics.png), mlflow (a tracking store)."""
@@ -404,6 +430,7 @@ class Config:
     reference: ReferenceConfig = attrs.Factory(ReferenceConfig)
     algorithm: AlgorithmConfig = attrs.Factory(AlgorithmConfig)
     reward: RewardConfig = attrs.Factory(RewardConfig)
+    environment: EnvironmentConfig = attrs.Factory(EnvironmentConfig)
     tracking: TrackingConfig = attrs.Factory(TrackingConfig)
 
     # ---- derived values ------------------------------------------------------------------------

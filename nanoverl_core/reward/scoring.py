@@ -82,8 +82,10 @@ class RewardScorer:
     """Scores (B,) for a batch's responses under reward.on_error, with the metrics of each call."""
 
     def __init__(self, cfg: RewardConfig, registry: Registry, *, run_dir: str | Path | None = None,
-                 max_new_tokens: int = 0):
+                 max_new_tokens: int = 0, score_answer: bool = True):
         self.cfg, self.max_new_tokens = cfg, max_new_tokens
+        self.score_answer = score_answer
+        """False: a multi-turn episode's score is its environment's rewards alone (environment.score_answer)."""
         self.specs, self.fns = [], []
         for i, spec in enumerate(component_specs(cfg)):  # loaded here too: a bad name or file fails at once
             if spec.file:
@@ -233,21 +235,62 @@ class RewardScorer:
                                     "prompt": batch["prompt_text"][i], "response": texts[i],
                                     "row": batch["row"][i]}, default=str) + "\n")
 
+    def score_responses(self, batch: RLBatch, tokenizer, *, phase: str = "train",
+                        step: int | None = None) -> tuple[torch.Tensor, list[str], dict[str, float]]:
+        """(answer scores (B,), response texts, metrics): [reward] on each row's response, for a multi-turn
+        episode its last model turn (0 with score_answer off, and for an episode whose environment failed,
+        which also goes to reward_errors.jsonl). The environment's rewards are the batch's `turn_rewards`."""
+        texts = decode_responses(tokenizer, batch)
+        episodes = "turn_rewards" in batch
+        if episodes and not self.score_answer:
+            scores, metrics = torch.zeros(len(batch)), {}
+        else:
+            scores, metrics = self.score(batch, texts, phase=phase, step=step)
+        if episodes and bool(batch["episode_failed"].any()):
+            scores = scores.masked_fill(batch["episode_failed"], 0.0)
+            self._write_episode_failures(batch, phase, step)
+        return scores, texts, metrics
+
     def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None) -> tuple[RLBatch, dict[str, float]]:
         """The trainer's reward stage: response_text, score (B,) and token_level_scores (B, R), each score on
-        its row's last response token, with the overlong penalty (reward.overlong_buffer_len) added."""
-        texts = decode_responses(tokenizer, batch)
-        scores, metrics = self.score(batch, texts, phase="train", step=step)
+        its row's last response token (a multi-turn episode's: its last model token, plus each environment
+        reward on the turn it answered), with the overlong penalty (reward.overlong_buffer_len) added."""
+        scores, texts, metrics = self.score_responses(batch, tokenizer, phase="train", step=step)
         mask = batch["response_mask"]
         if self.max_new_tokens and self.cfg.overlong_buffer_len:
             penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,
                                        self.cfg.overlong_penalty_factor)
             scores = scores + penalty
             metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
+        token_scores = place_scores(scores, batch["loss_mask"] if "turn_rewards" in batch else mask)
+        if "turn_rewards" in batch:
+            token_scores = token_scores + batch["turn_rewards"] * (~batch["episode_failed"]).float()[:, None]
+            scores = token_scores.sum(-1)
         metrics["reward/mean"] = float(scores.mean())
         metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        return RLBatch({"score": scores, "token_level_scores": place_scores(scores, mask)},
-                       {"response_text": texts}), metrics
+        return RLBatch({"score": scores, "token_level_scores": token_scores}, {"response_text": texts}), metrics
+
+    def _write_episode_failures(self, batch: RLBatch, phase: str, step: int | None) -> None:
+        """Append each failed episode (environment.on_error = "zero") to reward_errors.jsonl, turn by turn."""
+        from ..dist import is_rank0
+
+        if self.errors_path is None or not is_rank0():
+            return
+        self.errors_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.errors_path.open("a") as f:
+            for i, error in enumerate(batch["episode_error"]):
+                if error is not None:
+                    kind, message = error.split(": ", 1)
+                    f.write(json.dumps({"phase": phase, "step": step, "index": batch["index"][i], "reward": "environment",
+                                        "kind": kind, "message": message, "prompt": batch["prompt_text"][i],
+                                        "episode": batch["episode"][i], "row": batch["row"][i]}, default=str) + "\n")
+
+
+def with_episode_rewards(scores: torch.Tensor, batch: RLBatch) -> torch.Tensor:
+    """(B,) answer scores plus each multi-turn episode's environment rewards (0 for a failed episode)."""
+    if "turn_rewards" not in batch:
+        return scores
+    return scores + batch["turn_rewards"].sum(-1) * (~batch["episode_failed"]).float()
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from ..data import load_prompts
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
 from .checkpoint import find_checkpoint, reading_checkpoint
-from .resolve import resolve_plugins
+from .resolve import build_rollout, prompt_tools, resolve_plugins
 from .validation import eval_decodings
 
 
@@ -37,13 +37,14 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None)
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
     workers = plugins["worker"](config)
-    rollout = plugins["rollout"](config, workers)
+    rollout = build_rollout(plugins, config, workers)
     try:
         if ckpt is not None:
             with reading_checkpoint(ckpt):
                 workers.actor.load(ckpt / "actor")
             rollout.sync_weights(workers.actor)
-        data = load_prompts(config.data.val_files, config.data, workers.tokenizer, "data.val_files")
+        data = load_prompts(config.data.val_files, config.data, workers.tokenizer, "data.val_files",
+                            tools=prompt_tools(plugins))
         results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data)
     finally:
         rollout.close()

@@ -27,8 +27,12 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     if getattr(estimator, "requires_critic", False) and not config.critic.enable:
         raise ConfigError(f"algorithm.advantage_estimator = {config.algorithm.advantage_estimator!r} needs a critic; "
                           "set critic.enable = true, or pick an estimator without one (e.g. grpo)")
-    resolved = {"estimator": estimator, "reward": RewardScorer(config.reward, registry, run_dir=config.trainer.output_dir,
-                                                                max_new_tokens=config.rollout.max_new_tokens),
+    env = config.environment
+    resolved = {"estimator": estimator,
+                "reward": RewardScorer(config.reward, registry, run_dir=config.trainer.output_dir,
+                                       max_new_tokens=config.rollout.max_new_tokens,
+                                       score_answer=not env.name or env.score_answer),
+                "environment": registry.get("environment", env.name, key="environment.name") if env.name else None,
                 "policy_loss": registry.get("policy_loss", config.actor.policy_loss, key="actor.policy_loss"),
                 "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
     if import_backends:
@@ -39,6 +43,20 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
             if check is not None:
                 check(config)
     return resolved
+
+
+def build_rollout(plugins: dict[str, Any], config: Config, workers):
+    """The selected rollout, running multi-turn episodes (nanoverl_core.env) when environment.name is set."""
+    rollout = plugins["rollout"](config, workers)
+    if plugins["environment"] is None:
+        return rollout
+    from ..env import EpisodeRollout
+    return EpisodeRollout(rollout, plugins["environment"], config, workers.tokenizer, name=config.environment.name)
+
+
+def prompt_tools(plugins: dict[str, Any]) -> list | None:
+    """The selected environment's tools (rendered into every prompt), or None."""
+    return getattr(plugins["environment"], "tools", None) or None
 
 
 def _supports_lora(registry: Registry, name: str) -> bool:
@@ -67,6 +85,7 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
     elif not config.reward.file:
         chosen.append(("reward", config.reward.name))
     chosen += [("tracker", name) for name in config.tracking.trackers]
+    chosen += [("environment", config.environment.name)] if config.environment.name else []
     return {"config": config.to_dict(),
             "plugins": [{"kind": k, "name": n, "provider": registry.entry(k, n).provider} for k, n in chosen],
             "versions": registry.versions()}

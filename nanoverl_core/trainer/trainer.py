@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 import torch
 
 from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_uniform_groups, kl_penalty,
@@ -33,13 +32,14 @@ from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_unifor
 from ..batch import RLBatch
 from ..config import Config
 from ..data import StatefulSampler, collate, load_prompts
-from ..dist import is_rank0, shard_rollout
+from ..dist import is_rank0, seed_everything, shard_rollout
+from ..env import episode_metrics
 from ..plugins import Registry
 from ..rollout import SamplingParams
 from ..workers import NonFiniteError
 from .checkpoint import (checkpoint_root, find_resume, load_checkpoint, read_tracker_states, save_checkpoint,
                          write_run_config)
-from .resolve import check_rollout_log_probs, resolve_plugins
+from .resolve import build_rollout, check_rollout_log_probs, prompt_tools, resolve_plugins
 from .validation import eval_before_after, validate
 
 
@@ -73,10 +73,11 @@ class Trainer:
         cfg = self.config
         self.workers = plugins["worker"](cfg)
         self.tokenizer = self.workers.tokenizer
-        self.rollout = plugins["rollout"](cfg, self.workers)
+        self.rollout = build_rollout(plugins, cfg, self.workers)                  # multi-turn with an environment
         check_rollout_log_probs(cfg, self.rollout)
-        self.train_data = load_prompts(cfg.data.train_files, cfg.data, self.tokenizer)
-        self.val_data = load_prompts(cfg.data.val_files, cfg.data, self.tokenizer, "data.val_files") \
+        tools = prompt_tools(plugins)                                              # a tool environment's
+        self.train_data = load_prompts(cfg.data.train_files, cfg.data, self.tokenizer, tools=tools)
+        self.val_data = load_prompts(cfg.data.val_files, cfg.data, self.tokenizer, "data.val_files", tools=tools) \
             if cfg.data.val_files else None
         self.sampler = StatefulSampler(len(self.train_data), cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
         self.kl_ctrl = make_kl_controller(cfg.algorithm)
@@ -242,7 +243,8 @@ class Trainer:
             return
         rows = [{"uid": batch["uid"][i], "prompt": batch["prompt_text"][i], "response": batch["response_text"][i],
                  "score": float(batch["score"][i]),
-                 "advantage": float(masked_mean(batch["advantages"][i], batch["loss_mask"][i]))}
+                 "advantage": float(masked_mean(batch["advantages"][i], batch["loss_mask"][i])),
+                 **({"episode": batch["episode"][i]} if "episode" in batch else {})}
                 for i in range(len(batch) if k < 0 else min(k, len(batch)))]
         out = self.run_dir / "rollouts"
         out.mkdir(parents=True, exist_ok=True)
@@ -257,12 +259,6 @@ class Trainer:
 
 
 # ---- small helpers -----------------------------------------------------------------------------------
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 @contextmanager
 def timed(timing: dict[str, float], name: str):
     start = time.perf_counter()
@@ -284,11 +280,12 @@ def loss_mask(batch: RLBatch, mask_truncated: bool) -> torch.Tensor:
 
 
 def rollout_metrics(batch: RLBatch) -> dict[str, float]:
-    """What was sampled (response_mask, truncated: the rollout's own facts)."""
+    """What was sampled (response_mask, truncated: the rollout's own facts; a multi-turn episode's turns)."""
     lengths, prompts = batch["response_mask"].sum(-1), batch["prompt_mask"].sum(-1).float()
     return {"rollout/response_length/mean": float(lengths.mean()), "rollout/response_length/max": float(lengths.max()),
             "rollout/prompt_length/mean": float(prompts.mean()), "rollout/tokens": float(lengths.sum() + prompts.sum()),
-            "rollout/truncated_frac": float(batch["truncated"].float().mean())}
+            "rollout/truncated_frac": float(batch["truncated"].float().mean()),
+            **(episode_metrics(batch) if "num_turns" in batch else {})}
 
 
 def batch_metrics(batch: RLBatch, timing: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from ..data import collate
-from ..rollout import SamplingParams, decode_responses
+from ..reward.scoring import with_episode_rewards
+from ..rollout import SamplingParams
 from ..dist import fork_rng, is_rank0
 
 
@@ -57,8 +58,8 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             batch["uid"] = [f"val-{i}" for i in indices]
             batch = batch.repeat_interleave(n)
             batch.update(rollout.generate(batch, params))
-            texts = decode_responses(tokenizer, batch)
-            scores, reward_metrics = scorer.score(batch, texts, phase="val", step=step)
+            scores, texts, reward_metrics = scorer.score_responses(batch, tokenizer, phase="val", step=step)
+            scores = with_episode_rewards(scores, batch)
             for key in ("reward/errors", "reward/timeouts", "reward/crashes"):
                 failures[key] += reward_metrics.get(key, 0.0)
             per_prompt = scores.view(-1, n)  # (prompts, n)

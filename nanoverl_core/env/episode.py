@@ -1,0 +1,307 @@
+"""Multi-turn episodes: the model acts, an environment answers, over any rollout engine.
+
+With `environment.name` set, the trainer wraps the selected rollout (`rollout.name`: debug, hf,
+vllm, ...) in an `EpisodeRollout`. Each turn it asks the engine for one model turn for every episode
+still running, handing it the episode's token ids so far as the prompt (token-in), keeps the ids the
+engine sampled exactly (token-out), gives the environment the turn, and appends the environment's
+answer rendered once (env/render.py). Nothing is re-tokenised, so the trainer trains on the very
+ids the sampler produced, and the engine's log-probs stay aligned with them.
+
+An episode ends when the environment says done, after `environment.max_turns` model turns, or when
+the response budget (`rollout.max_new_tokens`, model and environment tokens together) runs out; then
+it is `truncated`. It always ends with a model turn: the environment's answer to the last turn is
+not appended (its reward counts).
+
+What `generate` returns, beyond a single-turn rollout's columns (nanoverl_core.rollout):
+
+    response_mask (B, R)  every token of the episode after the prompt, the environment's included
+    loss_mask (B, R)      1 on the model's tokens, 0 on the environment's: what the update trains on
+    rollout_log_probs     (B, R) over the model's tokens (0 elsewhere), when the engine returns them
+    turn_rewards (B, R)   each environment reward x environment.reward_weight, on the last token of
+                          the model turn it answered (GAE sees each turn's reward where it was earned)
+    num_turns (B,)        model turns
+    episode_failed (B,)   the environment failed (environment.on_error = "zero"): the row scores 0
+    final_text            the last model turn's text, what [reward] scores (environment.score_answer)
+    episode               per row, the turns in order: who said what, and each turn's reward
+    episode_info          per row, the environment's counters summed over turns (tool_calls, ...)
+
+An environment that raises, hangs past `environment.timeout_s`, returns something that is not an
+`EnvStep`, or answers with something that cannot be rendered stops the run naming the row and turn
+(`environment.on_error = "raise"`, exit 2), or ends that episode with score 0, counted in
+`episode/errors` and written to reward_errors.jsonl (`"zero"`). A malformed tool call is not such a
+failure: it is the model's mistake, and a tool environment answers it with an error message.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import torch
+
+from ..batch import RLBatch
+from ..errors import EpisodeError, UserError
+from ..rollout import SamplingParams, stop_token_ids
+from .render import render_answer
+
+SEED_STRIDE = 1_000_003
+"""Turn t of a row seeded by a `sample_seed` column samples with `sample_seed + t * SEED_STRIDE`."""
+
+
+@attrs.frozen
+class Turn:
+    """One model turn, as an environment receives it."""
+
+    text: str
+    """The turn decoded without special tokens."""
+    token_ids: tuple[int, ...]
+    """Exactly the ids the engine sampled, its stop token included."""
+    index: int
+    """0 for the first turn."""
+    truncated: bool = False
+    """The turn ended without a stop token (environment.max_turn_tokens, or the budget)."""
+
+
+@attrs.frozen
+class EnvStep:
+    """An environment's answer to a model turn."""
+
+    observation: str | list[dict[str, Any]] = ""
+    """Text appended as it is, or chat messages ({"role", "content"}) rendered by the chat template."""
+    reward: float = 0.0
+    """This turn's reward (added to the episode's score, x environment.reward_weight)."""
+    done: bool = False
+    """The episode is over; the observation is not appended."""
+    info: dict[str, float] = attrs.Factory(dict)
+    """Counters summed over the episode and logged as episode/<key>/mean (tool_calls, tool_errors, ...)."""
+
+
+class _Failed(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+@contextmanager
+def time_limit(seconds: float, what: str):
+    """Raise _Failed("timeout") in the main thread after `seconds` (SIGALRM; 0 or another thread: no limit)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(_signum, _frame):
+        raise _Failed("timeout", f"{what} timed out after environment.timeout_s={seconds:g}s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@attrs.define
+class Episode:
+    """One row's episode as it runs: the ids after the prompt, whose they are, and what was said."""
+
+    prompt: list[int]
+    env: Any = None
+    tokens: list[int] = attrs.Factory(list)
+    model: list[bool] = attrs.Factory(list)
+    """Per token of `tokens`: sampled by the model (trained on) or written by the environment."""
+    log_probs: list[float] = attrs.Factory(list)
+    rewards: list[tuple[int, float]] = attrs.Factory(list)
+    """(index in `tokens` of the turn's last token, reward)."""
+    turns: list[dict[str, Any]] = attrs.Factory(list)
+    info: Counter = attrs.Factory(Counter)
+    num_turns: int = 0
+    final_text: str = ""
+    done: bool = False
+    truncated: bool = False
+    error: str | None = None
+
+    def add(self, ids: list[int], model: bool, log_probs: list[float] | None = None) -> None:
+        self.tokens += ids
+        self.model += [model] * len(ids)
+        self.log_probs += list(log_probs) if log_probs is not None else [0.0] * len(ids)
+
+
+class EpisodeRollout:
+    """A rollout (the `Rollout` protocol) that runs multi-turn episodes on another rollout's engine."""
+
+    def __init__(self, engine, make_env, config, tokenizer, *, name: str):
+        self.engine, self.make_env, self.tokenizer, self.name = engine, make_env, tokenizer, name
+        self.cfg, self.budget = config.environment, config.rollout.max_new_tokens
+        self.settings = config.environment.settings
+        self.returns_log_probs = bool(getattr(engine, "returns_log_probs", False))
+        self.stop_ids = stop_token_ids(tokenizer, getattr(engine, "module", None))
+
+    def sync_weights(self, actor) -> None:
+        self.engine.sync_weights(actor)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ---- one batch of episodes -------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompts"], batch["prompt_mask"])]
+        episodes = [Episode(prompt) for prompt in prompts]
+        try:
+            for i, episode in enumerate(episodes):
+                self._start(batch, i, episode)
+            for turn in range(self.cfg.max_turns):
+                live = [i for i, e in enumerate(episodes) if not e.done]
+                if not live:
+                    break
+                room = {i: self.budget - len(episodes[i].tokens) for i in live}
+                limit = min(max(room.values()), self.cfg.max_turn_tokens or self.budget)
+                out = self.engine.generate(self._turn_batch(batch, episodes, live, turn),
+                                           attrs.evolve(params, max_new_tokens=limit))
+                for j, i in enumerate(live):
+                    self._model_turn(batch, i, episodes[i], out, j, min(room[i], limit), turn)
+        finally:
+            for episode in episodes:
+                self._close(episode)
+        return self._to_batch(episodes)
+
+    def _turn_batch(self, batch: RLBatch, episodes: list[Episode], live: list[int], turn: int) -> RLBatch:
+        """The live rows, each episode's ids so far as its (left-padded) prompt."""
+        contexts = [episodes[i].prompt + episodes[i].tokens for i in live]
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(live), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(live), width), dtype=torch.long)
+        for row, context in enumerate(contexts):
+            ids[row, width - len(context):] = torch.tensor(context)
+            mask[row, width - len(context):] = 1
+        sub = batch.index(live)
+        sub["prompts"], sub["prompt_mask"] = ids, mask
+        if "sample_seed" in sub:
+            sub["sample_seed"] = sub["sample_seed"] + turn * SEED_STRIDE
+        return sub
+
+    def _model_turn(self, batch: RLBatch, i: int, episode: Episode, out: RLBatch, j: int, room: int,
+                    turn: int) -> None:
+        """Append row j of the engine's output to episode i, then ask its environment for the next answer."""
+        n = int(out["response_mask"][j].sum())
+        ids = out["responses"][j, :n].tolist()[:room]
+        log_probs = out["rollout_log_probs"][j, :len(ids)].tolist() if "rollout_log_probs" in out else None
+        stopped = bool(ids) and ids[-1] in self.stop_ids
+        episode.add(ids, True, log_probs)
+        episode.num_turns += 1
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        episode.final_text = text
+        episode.turns.append({"role": "model", "text": text, "tokens": len(ids)})
+        out_of_room = len(episode.tokens) >= self.budget
+        if out_of_room and not stopped:                     # cut by the budget mid-turn: nothing to answer
+            episode.done = episode.truncated = True
+            return
+        step = self._step(batch, i, episode, Turn(text, tuple(ids), turn, truncated=not stopped))
+        if step is None:                                    # the environment failed (on_error = "zero")
+            return
+        episode.rewards.append((len(episode.tokens) - 1, float(step.reward)))
+        episode.info.update({k: float(v) for k, v in step.info.items()})
+        episode.turns[-1]["reward"] = float(step.reward)
+        if step.done or turn + 1 == self.cfg.max_turns:
+            episode.done = True
+            return
+        answer = self._render(batch, i, episode, step.observation, turn)
+        if answer is None:
+            return
+        ids, text = answer
+        if len(episode.tokens) + len(ids) >= self.budget:  # no room left for the model to answer
+            episode.done = episode.truncated = True
+            return
+        episode.add(ids, False)
+        episode.turns.append({"role": "environment", "text": text, "tokens": len(ids)})
+
+    # ---- calls into the environment, each failure handled under environment.on_error -------------------
+    def _start(self, batch: RLBatch, i: int, episode: Episode) -> None:
+        settings = {"settings": self.settings} if self.settings is not None else {}
+        episode.env = self._call(batch, i, episode, "start", lambda: self.make_env(batch["row"][i], **settings))
+
+    def _step(self, batch: RLBatch, i: int, episode: Episode, turn: Turn) -> EnvStep | None:
+        if episode.done:                                    # failed at start
+            return None
+        step = self._call(batch, i, episode, f"turn {turn.index}", lambda: episode.env.step(turn))
+        if step is not None and not isinstance(step, EnvStep):
+            return self._fail(batch, i, episode, f"turn {turn.index}", _Failed(
+                "invalid", f"step() returned {type(step).__name__}, not nanoverl_core.env.EnvStep"))
+        return step
+
+    def _render(self, batch: RLBatch, i: int, episode: Episode, observation, turn: int):
+        return self._call(batch, i, episode, f"turn {turn}",
+                          lambda: render_answer(self.tokenizer, observation, self.stop_ids))
+
+    def _call(self, batch: RLBatch, i: int, episode: Episode, where: str, fn):
+        try:
+            with time_limit(self.cfg.timeout_s, f"environment {self.name!r} ({where})"):
+                return fn()
+        except _Failed as exc:
+            return self._fail(batch, i, episode, where, exc)
+        except Exception as exc:
+            detail = str(exc) if isinstance(exc, UserError) else f"raised {type(exc).__name__}: {exc}"
+            return self._fail(batch, i, episode, where, _Failed("raised", detail))
+
+    def _fail(self, batch: RLBatch, i: int, episode: Episode, where: str, exc: _Failed) -> None:
+        message = f"environment {self.name!r} on data row {batch['index'][i]}, {where}: {exc.message}"
+        if self.cfg.on_error == "raise":
+            raise EpisodeError(f"{message}; fix the environment, or set environment.on_error=zero to end such "
+                               "episodes with score 0") from None
+        episode.done, episode.error = True, f"{exc.kind}: {message}"
+        return None
+
+    def _close(self, episode: Episode) -> None:
+        close = getattr(episode.env, "close", None)
+        if close is None:
+            return
+        try:
+            with time_limit(self.cfg.timeout_s, f"environment {self.name!r} (close)"):
+                close()
+        except (Exception, _Failed) as exc:
+            print(f"warning: environment {self.name!r}: close() failed ({exc})", file=sys.stderr)
+
+    # ---- the batch the trainer sees -------------------------------------------------------------------
+    def _to_batch(self, episodes: list[Episode]) -> RLBatch:
+        width = max(1, max(len(e.tokens) for e in episodes))
+        shape = (len(episodes), width)
+        ids = torch.full(shape, self.tokenizer.pad_token_id, dtype=torch.long)
+        response_mask, loss_mask = torch.zeros(shape), torch.zeros(shape)
+        log_probs, rewards = torch.zeros(shape), torch.zeros(shape)
+        for row, e in enumerate(episodes):
+            n = len(e.tokens)
+            ids[row, :n] = torch.tensor(e.tokens, dtype=torch.long)
+            response_mask[row, :n] = 1.0
+            loss_mask[row, :n] = torch.tensor(e.model, dtype=torch.float32)
+            log_probs[row, :n] = torch.tensor(e.log_probs, dtype=torch.float32)
+            for position, reward in e.rewards:
+                rewards[row, position] += reward * self.cfg.reward_weight
+        out = RLBatch({"responses": ids, "response_mask": response_mask, "loss_mask": loss_mask,
+                       "truncated": torch.tensor([e.truncated for e in episodes]), "turn_rewards": rewards,
+                       "num_turns": torch.tensor([e.num_turns for e in episodes]),
+                       "episode_failed": torch.tensor([e.error is not None for e in episodes])},
+                      {"final_text": [e.final_text for e in episodes], "episode": [e.turns for e in episodes],
+                       "episode_info": [dict(e.info) for e in episodes],
+                       "episode_error": [e.error for e in episodes]})
+        if self.returns_log_probs:
+            out["rollout_log_probs"] = log_probs
+        return out
+
+
+def episode_metrics(batch: RLBatch) -> dict[str, float]:
+    """episode/turns/mean, episode/env_tokens/mean (environment tokens per episode), episode/errors and
+    episode/<counter>/mean for every counter the environment reports (tool_calls, tool_errors, ...)."""
+    env_tokens = (batch["response_mask"] - batch["loss_mask"]).clamp(min=0).sum(-1)
+    out = {"episode/turns/mean": float(batch["num_turns"].float().mean()),
+           "episode/env_tokens/mean": float(env_tokens.mean()),
+           "episode/errors": float(batch["episode_failed"].sum())}
+    infos = batch["episode_info"]
+    for key in sorted({k for info in infos for k in info}):
+        out[f"episode/{key}/mean"] = sum(info.get(key, 0.0) for info in infos) / len(infos)
+    return out
