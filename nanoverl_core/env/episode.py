@@ -38,7 +38,7 @@ import signal
 import sys
 import threading
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import attrs
@@ -153,23 +153,29 @@ class EpisodeRollout:
     def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompts"], batch["prompt_mask"])]
         episodes = [Episode(prompt) for prompt in prompts]
+        awake = getattr(self.engine, "awake", nullcontext)     # an engine that sleeps after each call stays up
         try:
-            for i, episode in enumerate(episodes):
-                self._start(batch, i, episode)
-            for turn in range(self.cfg.max_turns):
-                live = [i for i, e in enumerate(episodes) if not e.done]
-                if not live:
-                    break
-                room = {i: self.budget - len(episodes[i].tokens) for i in live}
-                limit = min(max(room.values()), self.cfg.max_turn_tokens or self.budget)
-                out = self.engine.generate(self._turn_batch(batch, episodes, live, turn),
-                                           attrs.evolve(params, max_new_tokens=limit))
-                for j, i in enumerate(live):
-                    self._model_turn(batch, i, episodes[i], out, j, min(room[i], limit), turn)
+            with awake():
+                self._run(batch, episodes, params)
         finally:
             for episode in episodes:
                 self._close(episode)
         return self._to_batch(episodes)
+
+    def _run(self, batch: RLBatch, episodes: list[Episode], params: SamplingParams) -> None:
+        """Start every episode, then one engine call per turn for the episodes still running."""
+        for i, episode in enumerate(episodes):
+            self._start(batch, i, episode)
+        for turn in range(self.cfg.max_turns):
+            live = [i for i, e in enumerate(episodes) if not e.done]
+            if not live:
+                return
+            room = {i: self.budget - len(episodes[i].tokens) for i in live}
+            limit = min(max(room.values()), self.cfg.max_turn_tokens or self.budget)
+            out = self.engine.generate(self._turn_batch(batch, episodes, live, turn),
+                                       attrs.evolve(params, max_new_tokens=limit))
+            for j, i in enumerate(live):
+                self._model_turn(batch, i, episodes[i], out, j, min(room[i], limit), turn)
 
     def _turn_batch(self, batch: RLBatch, episodes: list[Episode], live: list[int], turn: int) -> RLBatch:
         """The live rows, each episode's ids so far as its (left-padded) prompt."""

@@ -53,7 +53,7 @@ def template_messages(tokenizer, messages: list[dict[str, Any]], stop_texts: lis
     anchor = [{"role": "user", "content": "."}, {"role": "assistant", "content": _ANCHOR}]
     before = tokenizer.apply_chat_template(anchor, tokenize=False)
     after = tokenizer.apply_chat_template(anchor + messages, tokenize=False, add_generation_prompt=True)
-    if not after.startswith(before):
+    if _ANCHOR not in before or not after.startswith(before):
         raise RenderError("the chat template renders an assistant turn differently once messages follow it, so an "
                           "environment answer cannot be appended to the sampled tokens; use a template whose "
                           "earlier turns are a prefix of later renderings, or answer with text instead of messages")

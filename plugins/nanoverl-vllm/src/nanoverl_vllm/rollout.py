@@ -31,6 +31,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Iterable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -91,7 +92,7 @@ class VLLMRollout:
         self.hf_config = engine.write_engine_folder(self.actor.module, self.folder)
         self.llm = None
         self.restarts = 0
-        self.asleep = False
+        self.asleep = self.held = False
         self.last_sync_s = 0.0
         # vLLM creates a torch.distributed group for its world of one unless one exists (torchrun).
         self._owns_distributed = not (torch.distributed.is_available() and torch.distributed.is_initialized())
@@ -225,6 +226,24 @@ class VLLMRollout:
                                "resume") from error
         return outputs
 
+    def _sleep(self) -> None:
+        """Free weights + KV cache while the trainer works; adapter mode keeps the base in host memory (level 1)."""
+        self.llm.sleep(level=1 if self.adapter_mode else 2)
+        self.asleep = True
+
+    @contextmanager
+    def awake(self):
+        """Keep the engine awake across the generate calls of one batch of multi-turn episodes (each turn
+        is a call): it sleeps once at the end, and the turns reuse its prefix cache instead of waking it,
+        weights and all, for every turn."""
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
+            if self.sleep and not self.asleep and self.llm is not None:
+                self._sleep()
+
     @staticmethod
     def _seeds(batch: RLBatch, params: SamplingParams) -> list[int]:
         """One vLLM seed per row: `base + row`, base drawn from torch's global generator (greedy draws
@@ -251,10 +270,8 @@ class VLLMRollout:
         log_probs = None
         if self.log_probs:
             log_probs = [[step[token].logprob for token, step in zip(c.token_ids, c.logprobs)] for c in completions]
-        if self.sleep:
-            # free weights + KV cache while the trainer works; adapter mode keeps the base in host memory (level 1)
-            self.llm.sleep(level=1 if self.adapter_mode else 2)
-            self.asleep = True
+        if self.sleep and not self.held:
+            self._sleep()
         return responses_to_batch(responses, eos_token_id=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
                                   max_new_tokens=params.max_new_tokens, log_probs=log_probs)
 
