@@ -25,7 +25,10 @@ class DebugRolloutSettings:
 
 @attrs.define
 class CopyTurnsSettings:
-    chars_per_turn: int = attrs.field(default=2, validator=_positive)
-    """Characters of the target the model answers per turn (the last turn may take fewer)."""
+    chars_per_turn: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    """Characters of the target the model answers per turn (the last turn may take fewer); 0: the whole
+    target every turn, `repeats` turns."""
+    repeats: int = attrs.field(default=2, validator=_positive)
+    """Turns of an episode with chars_per_turn = 0."""
     separator: str = "="
     """The environment's answer after each turn (text in the tokenizer's alphabet)."""

@@ -1,9 +1,9 @@
 """Built-in environments: `copy_turns` (the copy task over several turns) and `calculator` (a tool).
 
 `copy_turns` is the multi-turn twin of the copy tasks (examples/data/debug_copy, tiny_copy): the
-target is answered a few characters per turn, the environment answers each turn with a separator
-and rewards it with its share of char_match, so a whole episode scores like char_match on the
-target. It needs no tokenizer beyond digits and "=", so the debug and tiny models learn it on CPU.
+target is answered a few characters per turn (or whole, `repeats` times), the environment answers
+each turn with a separator and rewards it with its share of char_match, so a whole episode scores
+like char_match on the target. It needs no tokenizer beyond digits and "=", so the debug and tiny models learn it on CPU.
 
 `calculator` gives the model one tool, `calculate(expression)`, for integer arithmetic; the
 [reward] scores the final answer (examples/arithmetic).
@@ -28,12 +28,13 @@ class CopyTurns:
     settings: CopyTurnsSettings
 
     def step(self, turn: Turn) -> EnvStep:
-        size = self.settings.chars_per_turn
-        chunk = self.target[turn.index * size:(turn.index + 1) * size]
+        size, turns = self.settings.chars_per_turn, self.settings.repeats
+        chunk = self.target[turn.index * size:(turn.index + 1) * size] if size else self.target
         answer = turn.text.strip()
         hits = sum(a == b for a, b in zip(answer, chunk)) / max(len(chunk), len(answer), 1)
-        done = (turn.index + 1) * size >= len(self.target)
-        return EnvStep(observation=self.settings.separator, reward=hits * len(chunk) / len(self.target), done=done)
+        share = len(chunk) / len(self.target) if size else 1 / turns
+        done = (turn.index + 1) * size >= len(self.target) if size else turn.index + 1 >= turns
+        return EnvStep(observation=self.settings.separator, reward=hits * share, done=done)
 
 
 def copy_turns(sample: dict[str, Any], settings: CopyTurnsSettings | None = None) -> CopyTurns:

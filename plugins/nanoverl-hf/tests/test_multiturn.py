@@ -3,7 +3,12 @@ template that rewrites earlier turns; tool prompts; the multi-turn copy task lea
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +20,8 @@ from nanoverl_core.rollout import SamplingParams
 from nanoverl_hf.rollout import HFRollout
 from nanoverl_hf.tiny import build_tiny_model
 from nanoverl_hf.workers import make_workers
+
+REPO = Path(__file__).resolve().parents[3]
 
 # A template that rewrites earlier turns, as Qwen3's drops earlier <think> blocks: an assistant message that
 # is not the last one keeps only what follows its last "|". Tool results render as "|<content>=".
@@ -125,3 +132,17 @@ def test_prompts_get_the_tools_through_the_template_or_the_tag_format():
     rendered = with_tools(messages, native, [calculate])         # the template's own tool format
     assert rendered.startswith('<tools>[{"type": "function", "function": {"name": "calculate"')
     assert "You can call tools" not in rendered
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nanoverl_grpo") is None, reason="needs nanoverl-grpo")
+def test_the_multiturn_twin_of_the_tiny_copy_task_learns(tmp_path):
+    """examples/configs/tiny_copy_turns.toml as a user runs it: two turns per episode, the environment's
+    "=" between them; measured (seed 0): val 0.56 at step 150, 0.996 at 200, 1.0 from 250."""
+    run = subprocess.run([sys.executable, "-m", "nanoverl_core.cli", "--config", "examples/configs/tiny_copy_turns.toml",
+                          f"trainer.output_dir={tmp_path}", "trainer.save_every=0", "trainer.val_every=100",
+                          "trainer.progress=none"], cwd=REPO, capture_output=True, text=True, timeout=1200,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["val/reward/mean"] >= 0.9, rows[-1]
+    assert rows[-1]["episode/turns/mean"] == 2.0 and rows[-1]["episode/env_tokens/mean"] == 1.0
