@@ -265,7 +265,10 @@ class _TorchWorker:
 
 
 class TorchActor(_TorchWorker):
-    """A policy (trainable) or reference (frozen) over a causal LM module."""
+    """A policy (trainable) or reference (frozen) over a causal LM module.
+
+    parallel, weights: the strategies it is composed of (workers/strategies.py); None is one process
+    (`SingleProcess`) training every weight (`FullWeights`)."""
 
     def __init__(self, module: torch.nn.Module, config: Config, *, trainable: bool = True,
                  device: torch.device | str = "cpu", parallel: DataParallel | None = None,
@@ -357,7 +360,8 @@ def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
 
 
 class TorchCritic(_TorchWorker):
-    """A value model: module(...).logits is (B, T, 1); values are read at the state before each response token."""
+    """A value model: module(...).logits is (B, T, 1); values are read at the state before each response token.
+    parallel, weights: as for TorchActor."""
 
     metric_prefix = "critic"
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -34,8 +34,9 @@ class DataParallel(Protocol):
 
     Every rank holds the whole step batch. A rank computes log-probs and values for its share of the
     rows (`on_my_rows`) and trains on its share of each mini-batch (`my_share`), while the loss
-    normalisers count the whole mini-batch; every rank must run as many forward / backward passes
-    (a sharded pass is a collective), which is what `max` and `anywhere` decide together."""
+    normalisers count the whole mini-batch. Every rank must run as many forward / backward passes (a
+    sharded pass is a collective): `max` and `anywhere` let the ranks agree on counts and on skipping
+    a step."""
 
     size: int
     """The number of ranks; the update scales each micro-batch loss by it (gradients are averaged over ranks)."""
@@ -77,7 +78,7 @@ class Weights(Protocol):
     def parameters(self, module: torch.nn.Module) -> list[torch.nn.Parameter]:
         """The parameters the optimizer steps."""
 
-    def inference(self, module: torch.nn.Module) -> ContextManager:
+    def inference(self, module: torch.nn.Module) -> contextlib.AbstractContextManager:
         """The context a log-prob or value pass runs in."""
 
     def full_tensors(self, module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -146,7 +147,7 @@ class FullWeights:
     def parameters(self, module: torch.nn.Module) -> list[torch.nn.Parameter]:
         return [p for p in module.parameters() if p.requires_grad]
 
-    def inference(self, module: torch.nn.Module) -> ContextManager:
+    def inference(self, module: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Nothing to switch: the modules are built without dropout."""
         return contextlib.nullcontext()
 

@@ -76,7 +76,8 @@ def load_shards(path: Path, module: torch.nn.Module, optimizer: torch.optim.Opti
     world, me = world_size(), rank()
     saved_world = json.loads((path / SHARDS).read_text())["world_size"]
     if saved_world != world:
-        raise CheckpointMismatch(f"{path} was saved by {saved_world} ranks; resume it on {saved_world} ranks, not {world}")
+        raise CheckpointMismatch(f"{path} was saved by {saved_world} ranks; "
+                                 f"resume it on {saved_world} ranks, not {world}")
     model, optim = _state_dicts(module, optimizer, weights)
     options = _options(weights, load=True)
     with checkpoint_fits(path):

@@ -242,8 +242,8 @@ class LoraWeights:
         """The adapter (and the value head): peft froze everything else."""
         return [p for p in module.parameters() if p.requires_grad]
 
-    def inference(self, module: torch.nn.Module):
-        """Adapter dropout off in log-prob and value passes."""
+    def inference(self, module: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Adapter dropout off in log-prob and value passes (the update's forward keeps it)."""
         return eval_mode(module)
 
     def full_tensors(self, module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
