@@ -42,8 +42,9 @@ class Actor(Protocol):
         model's entries under the base model's names, and `nanoverl_core.testing.check_actor` checks that.
       * ``save_adapter``: ``save_adapter(folder) -> Path`` writes the adapter as a peft folder; with
         ``base_tensors()`` (the frozen base's entries), ``lora_rank`` and ``adapted_embedding`` it lets
-        nanoverl-vllm load the adapter on its own (``[rollout.vllm] lora_sync = "adapter"``;
-        `nanoverl_hf.lora.LoraActor` has them). Without it that sync mode is a ConfigError.
+        nanoverl-vllm load the adapter on its own (``[rollout.vllm] lora_sync = "adapter"``; a
+        `TorchActor` with ``weights=nanoverl_hf.lora.LoraWeights()`` has them). Without it that sync
+        mode is a ConfigError.
     """
 
     module: torch.nn.Module

@@ -1,9 +1,11 @@
-"""Checkpoint I/O of a worker: the file names in one place, and how tensors are written and read.
+"""Checkpoint I/O of a worker: the single-process format's file names in one place, and how tensors are
+written and read.
 
-A worker's folder (`checkpoints/step_<N>/actor/`, `critic/`, `reference/`) holds its weights
-(`MODEL_FILE`, safetensors; a sharded FSDP worker writes one file per rank, a LoRA actor peft's
-adapter file instead), its optimizer state (`OPTIMIZER_FILE`, a weights-only torch.save) and its
-learning-rate schedule (`SCHEDULER_FILE`, JSON).
+A single-process worker's folder (`checkpoints/step_<N>/actor/`, `critic/`; the `SingleProcess`
+strategy writes it) holds its weights (`MODEL_FILE`, safetensors; with LoRA weights peft's adapter
+file instead, nanoverl_hf.lora), its optimizer state (`OPTIMIZER_FILE`, a weights-only torch.save)
+and its learning-rate schedule (`SCHEDULER_FILE`, JSON). A sharded FSDP worker writes one file per
+rank instead, named in nanoverl_fsdp.checkpoint; it reuses the tensor and schedule I/O here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """The PPO mechanics every backend shares: `TorchActor` and `TorchCritic` over Hugging Face-style modules.
 
 Micro-batches (by rows or by a token budget), gradient accumulation with the mini-batch's
-normalisers, clipping, the learning-rate schedule, the data-parallel hooks a sharded backend
-overrides (`dp_size`, `global_sum`, `global_max`, `minibatches`) and the policy / value passes.
+normalisers, clipping, the learning-rate schedule and the policy / value passes. What differs between
+backends is not subclassed but given to a worker as two strategies (workers/strategies.py):
+`parallel`, how rows, sums and checkpoints are split over data-parallel ranks (default
+`SingleProcess`), and `weights`, what trains and what a checkpoint and a rollout get of it (default
+`FullWeights`).
 
 Module conventions: ``module(input_ids=, attention_mask=, position_ids=)`` returns an object with
 ``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` for a value model. A policy whose
@@ -11,8 +14,9 @@ of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py); a modu
 a KV cache runs each distinct prompt of a micro-batch once (``actor.share_prompts``,
 workers/prompt_cache.py).
 
-(Over 400 lines: the shared worker base and its two subclasses are one mechanism, read together; the
-parts that stand alone, prompt caching, the LM head and checkpoint files, are their own modules.)
+The shared worker base and its two subclasses are one mechanism, read together; the parts that stand
+alone are their own modules: the strategies, a batch's rows as module inputs (rows.py), prompt
+caching, the LM head and checkpoint files.
 """
 
 from __future__ import annotations
@@ -27,15 +31,17 @@ from typing import Any
 import attrs
 import torch
 
-from ..algos import PolicyLossInputs, compute_actor_loss, compute_value_loss, entropy_from_logits, logprobs_from_logits
+from ..algos import (PolicyLossInputs, compute_actor_loss, compute_value_loss, entropy_from_logits,
+                     logprobs_from_logits, loss_totals)
 from ..algos.losses import PolicyLoss
 from ..batch import RLBatch
-from ..config import Config, OptimConfig
+from ..config import ActorConfig, Config, CriticConfig, OptimConfig
 from ..errors import ConfigError, UserError
 from ..protocols import Actor, Critic
-from .checkpoint import MODEL_FILE, checkpoint_fits, load_optimizer, save_optimizer
 from .lm_head import ChunkedHead
 from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
+from .rows import model_inputs, token_budget_groups
+from .strategies import DataParallel, FullWeights, SingleProcess, Weights
 
 
 class NonFiniteError(UserError):
@@ -85,64 +91,46 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_up
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def model_inputs(batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Prompt + response as one sequence, with padding columns shared by every row trimmed.
-
-    Returns input_ids (B, P'+R'), attention_mask, position_ids and R' (the trimmed response width).
-    """
-    prompt_mask, response_mask = batch["prompt_mask"], batch["response_mask"]
-    first = int(prompt_mask.any(0).nonzero()[0]) if prompt_mask.any() else prompt_mask.shape[1] - 1
-    width = int(response_mask.any(0).nonzero()[-1]) + 1 if response_mask.any() else 1
-    ids = torch.cat([batch["prompts"][:, first:], batch["responses"][:, :width]], dim=1)
-    mask = torch.cat([prompt_mask[:, first:], response_mask[:, :width].to(prompt_mask.dtype)], dim=1)
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids, mask, position_ids, width
-
-
 def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
 class _TorchWorker:
-    """Shared parts of actor and critic: device, optimizer, data-parallel sums, checkpoints."""
+    """Shared parts of actor and critic: device, optimizer, micro-batches, one optimizer step, checkpoints."""
 
     metric_prefix = "actor"
-    cached_backward = True
-    """Whether a training pass may run through a shared prompt cache (two forwards before one backward)."""
+    """The worker's metric names start with it (actor/grad_norm), and so do the config keys messages name."""
 
-    def __init__(self, module: torch.nn.Module, config: Config, optim: OptimConfig | None,
-                 mini_batch_prompts: int, epochs: int, device: torch.device | str = "cpu"):
+    def __init__(self, module: torch.nn.Module, config: Config, section: ActorConfig | CriticConfig, *,
+                 trainable: bool, mini_batch_prompts: int, device: torch.device | str,
+                 parallel: DataParallel | None, weights: Weights | None):
+        """section: this worker's own config (config.actor, also for the reference, or config.critic):
+        its micro-batch limits, share_prompts and, if trainable, its optimizer settings."""
         self.module = module
         self.config = config
+        self.section = section
+        self.mini_batch_prompts = mini_batch_prompts
         self.device = torch.device(device)
-        self.optim_cfg = optim
-        part = config.critic if self.metric_prefix == "critic" else config.actor
-        self.cache_keyword = cache_keyword(module) if part.share_prompts else None
+        self.parallel = parallel or SingleProcess()
+        self.weights = weights or FullWeights()
+        self.cache_keyword = cache_keyword(module) if section.share_prompts else None
         """Set: each distinct prompt of a micro-batch runs once (`module_inputs`); None: every row runs whole."""
         self.prompts_checked = False
         self.optimizer = self.scheduler = None
-        if optim is not None:
-            params = [p for p in module.parameters() if p.requires_grad]
-            self.optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas),
-                                               weight_decay=optim.weight_decay)
-            updates_per_step = epochs * (config.data.batch_size // mini_batch_prompts)
-            self.scheduler = build_scheduler(self.optimizer, optim, config.trainer.total_steps * updates_per_step)
+        if trainable:
+            self.optimizer = torch.optim.AdamW(self.weights.parameters(module), lr=section.lr,
+                                               betas=tuple(section.betas), weight_decay=section.weight_decay)
+            updates_per_step = section.ppo_epochs * (config.data.batch_size // mini_batch_prompts)
+            self.scheduler = build_scheduler(self.optimizer, section, config.trainer.total_steps * updates_per_step)
         else:
             module.requires_grad_(False)
 
-    # data parallel: a single process is a world of one; FSDP overrides these two.
-    @property
-    def dp_size(self) -> int:
-        return 1
-
-    def global_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """Sum of `value` over data-parallel ranks (normalisers must count the whole mini-batch)."""
-        return value
-
     def clip_and_step(self, nonfinite_loss: bool) -> float:
         """Clip the global grad norm, then step unless anything is non-finite. Returns the norm."""
+        # every rank must take the same decision, or the next collective waits forever
+        nonfinite_loss = self.parallel.anywhere(nonfinite_loss)
         params = [p for p in self.module.parameters() if p.grad is not None]
-        max_norm = self.optim_cfg.grad_clip or float("inf")
+        max_norm = self.section.grad_clip or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if nonfinite_loss or not math.isfinite(norm):
@@ -154,10 +142,6 @@ class _TorchWorker:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def global_max(self, value: int) -> int:
-        """The largest `value` over data-parallel ranks (every rank must run as many passes)."""
-        return value
-
     def module_inputs(self, batch: RLBatch, keep_logits: bool = False) -> tuple[dict[str, Any], int]:
         """The module's keyword arguments for `batch`, on the device, and R' (the trimmed response width).
         The module's output ends with the R' + 1 positions whose outputs predict (or value) the response
@@ -168,16 +152,16 @@ class _TorchWorker:
         by indexing, so autograd sums each prompt's gradient over its rows as the plain pass does:
         the same log-probs, values and gradients to float rounding, for the prompt's work once instead
         of n times. Gradient checkpointing drops caches, so a checkpointed training pass runs plain (as
-        does every training pass of a worker with `cached_backward = False`).
+        does every training pass where the data-parallel strategy allows no cached backward, FSDP's).
         """
         ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
         keep = {"logits_to_keep": width + 1} if keep_logits else {}
         plain = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **keep}
         split = ids.shape[1] - width - 1                 # prompt columns that go into the cache
         training = torch.is_grad_enabled() and self.module.training
-        plain_backward = training and (not self.cached_backward or checkpointed(self.module))
+        plain_backward = training and (not self.parallel.cached_backward or checkpointed(self.module))
         # under FSDP every rank must run as many forwards: one rank's one-token prompts make all run plain
-        if self.cache_keyword is None or plain_backward or self.global_max(int(split < 1)):
+        if self.cache_keyword is None or plain_backward or self.parallel.max(int(split < 1)):
             return plain, width
         if not self.prompts_checked:
             self.prompts_checked = True
@@ -209,46 +193,45 @@ class _TorchWorker:
         if not agrees:
             print(f"warning: {type(self.module).__name__}: outputs through a shared prompt cache differ from a plain "
                   f"forward; {self.metric_prefix}.share_prompts is off for this run", file=sys.stderr)
-        return self.global_max(int(not agrees)) == 0
-
-    @property
-    def micro_limits(self) -> tuple[int, int, str]:
-        """(micro_batch_size, max_tokens_per_micro_batch, the budget's config key) of this worker."""
-        cfg = self.config.critic if self.metric_prefix == "critic" else self.config.actor
-        return cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, f"{self.metric_prefix}.max_tokens_per_micro_batch"
+        return self.parallel.max(int(not agrees)) == 0
 
     def micro_batches(self, batch: RLBatch) -> list[list[int]]:
         """Row indices of each micro-batch: consecutive runs of micro_batch_size rows, or, with a token
         budget, rows grouped by length (`token_budget_groups`), as many groups on every rank."""
-        rows, budget, key = self.micro_limits
+        rows, budget = self.section.micro_batch_size, self.section.max_tokens_per_micro_batch
         if not budget:
             size = rows or len(batch)
             return [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
         groups = token_budget_groups(batch["prompt_mask"].sum(-1).tolist(), batch["response_mask"].sum(-1).tolist(),
-                                     budget, key)
-        target = self.global_max(len(groups))
+                                     budget, f"{self.metric_prefix}.max_tokens_per_micro_batch")
+        target = self.parallel.max(len(groups))
         while len(groups) < target:  # split the largest group: still within the budget, still non-empty
             largest = max(range(len(groups)), key=lambda g: len(groups[g]))
             group = groups.pop(largest)
             groups[largest:largest] = [group[:len(group) // 2], group[len(group) // 2:]]
         return groups
 
-    def minibatches(self, batch: RLBatch, mini_prompts: int):
-        """Yield (micro-batches, normalisers) per mini-batch; the split is deterministic, so runs are reproducible."""
-        rows_per_prompt = self.config.rollout.n
-        for mini in batch.split(mini_prompts * rows_per_prompt // self.dp_size or len(batch)):
-            mask = mini["loss_mask"]
-            # normalisers count the whole mini-batch (all ranks), so micro-batch losses sum to its loss
-            norms = {"num_tokens": float(self.global_sum(mask.sum())),
-                     "num_seqs": float(self.global_sum((mask.sum(-1) > 0).sum().float()))}
-            yield [mini.index(rows) for rows in self.micro_batches(mini)], norms
+    def minibatches(self, batch: RLBatch):
+        """Yield (micro-batches, normalisers) per mini-batch of the whole batch: this rank's share of it
+        (`parallel.my_share`) split into micro-batches, and the normalisers of the whole mini-batch
+        (every rank holds it), so that the micro-batch losses of all ranks sum to the mini-batch's loss.
+        The split is deterministic, so runs are reproducible."""
+        for mini in batch.split(self.mini_batch_prompts * self.config.rollout.n or len(batch)):
+            norms = loss_totals(mini["loss_mask"])
+            share = self.parallel.my_share(mini)
+            yield [share.index(rows) for rows in self.micro_batches(share)], norms
 
-    def per_micro_batch(self, batch: RLBatch, compute: Callable[[RLBatch], torch.Tensor]) -> torch.Tensor:
-        """compute(micro_batch) -> (b, R) for every micro-batch, reassembled in row order on the CPU: (B, R)."""
-        out = torch.zeros(batch["response_mask"].shape, dtype=torch.float32)
-        for rows in self.micro_batches(batch):
-            out[rows] = compute(batch.index(rows)).float().cpu()
-        return out
+    @torch.no_grad()
+    def per_row(self, batch: RLBatch, compute: Callable[[RLBatch], torch.Tensor]) -> torch.Tensor:
+        """compute(micro_batch) -> (b, R) over this rank's rows in micro-batches, then every rank's rows
+        reassembled in row order on the CPU, zero on padding: (B, R). A log-prob or value pass."""
+        def on_rows(rows: RLBatch) -> torch.Tensor:
+            out = torch.zeros(rows["response_mask"].shape, dtype=torch.float32)
+            for group in self.micro_batches(rows):
+                out[group] = compute(rows.index(group)).float().cpu()
+            return out * rows["response_mask"]
+        with self.weights.inference(self.module):
+            return self.parallel.on_my_rows(batch, on_rows)
 
     def optimizer_step(self, micro_batches: list[RLBatch], norms: dict[str, float],
                        loss_of: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> dict[str, float]:
@@ -263,66 +246,39 @@ class _TorchWorker:
         for mb in micro_batches:
             loss, metrics = loss_of(mb, norms)
             finite &= bool(torch.isfinite(loss))
-            (loss * self.dp_size).backward()  # FSDP averages gradients over ranks; undo that
+            (loss * self.parallel.size).backward()  # FSDP averages gradients over ranks; undo that
             for key, value in metrics.items():
                 shares[key] += float(value)
         keys = sorted(shares)
-        totals = self.global_sum(torch.tensor([shares[k] for k in keys], dtype=torch.float64)).tolist()
+        totals = self.parallel.sum(torch.tensor([shares[k] for k in keys], dtype=torch.float64)).tolist()
         out = dict(zip(keys, totals))
         out[f"{self.metric_prefix}/grad_norm"] = self.clip_and_step(not finite)
         out[f"{self.metric_prefix}/lr"] = self.scheduler.get_last_lr()[0]
         return out
 
-    # checkpoints (file names and formats: workers/checkpoint.py)
+    # checkpoints: the format is the data-parallel strategy's, what it holds the weights strategy's
     def save(self, path: Path) -> None:
-        from safetensors.torch import save_model
-        path.mkdir(parents=True, exist_ok=True)
-        save_model(self.module, str(path / MODEL_FILE))
-        if self.optimizer is not None:
-            save_optimizer(path, self.optimizer, self.scheduler)
+        self.parallel.save(path, self.module, self.optimizer, self.scheduler, self.weights)
 
     def load(self, path: Path) -> None:
-        from safetensors.torch import load_model
-        with checkpoint_fits(path):
-            load_model(self.module, str(path / MODEL_FILE), device=str(self.device))
-            if self.optimizer is not None:
-                load_optimizer(path, self.optimizer, self.scheduler, self.device)
-
-
-def token_budget_groups(prompt_lengths: list[int], response_lengths: list[int], max_tokens: int,
-                        key: str) -> list[list[int]]:
-    """Rows grouped so that each group's padded size, rows x (longest prompt + longest response), is at
-    most max_tokens: rows sorted by length (longest first, ties in row order) and packed greedily.
-
-    A micro-batch is trimmed to its own longest prompt and response (`model_inputs`), so grouping
-    rows of similar length wastes little on padding. A row longer than the budget is a ConfigError
-    naming `key` and the row.
-    """
-    lengths = [p + r for p, r in zip(prompt_lengths, response_lengths)]
-    longest = max(range(len(lengths)), key=lambda i: lengths[i])
-    if lengths[longest] > max_tokens:
-        raise ConfigError(f"{key} = {max_tokens} is smaller than the longest row ({lengths[longest]} tokens: prompt "
-                          f"{prompt_lengths[longest]} + response {response_lengths[longest]}); raise it to at least "
-                          f"{lengths[longest]}")
-    groups: list[list[int]] = []
-    for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        group = groups[-1] if groups else None
-        if group is not None:
-            width = max(prompt_lengths[i] for i in group + [row]) + max(response_lengths[i] for i in group + [row])
-            if (len(group) + 1) * width <= max_tokens:
-                group.append(row)
-                continue
-        groups.append([row])
-    return groups
+        self.parallel.load(path, self.module, self.optimizer, self.scheduler, self.weights, self.device)
 
 
 class TorchActor(_TorchWorker):
-    """A policy (trainable) or reference (frozen) over a causal LM module."""
+    """A policy (trainable) or reference (frozen) over a causal LM module.
+
+    parallel, weights: the strategies it is composed of (workers/strategies.py); None is one process
+    (`SingleProcess`) training every weight (`FullWeights`)."""
 
     def __init__(self, module: torch.nn.Module, config: Config, *, trainable: bool = True,
-                 device: torch.device | str = "cpu"):
-        super().__init__(module, config, config.actor if trainable else None, config.actor_mini_batch_size,
-                         config.actor.ppo_epochs, device)
+                 device: torch.device | str = "cpu", parallel: DataParallel | None = None,
+                 weights: Weights | None = None):
+        super().__init__(module, config, config.actor, trainable=trainable,
+                         mini_batch_prompts=config.actor_mini_batch_size, device=device, parallel=parallel,
+                         weights=weights)
+        # what the weights add to the Actor protocol (a LoRA adapter: save_adapter, base_tensors, ...)
+        for name, value in self.weights.actor_attributes(module).items():
+            setattr(self, name, value)
         self.temperature = config.rollout.temperature
         # transformers models can run the LM head on the last positions only: the prompt's logits
         # (B, P, V) are never needed, and at a real vocabulary they are most of the head's cost
@@ -351,16 +307,19 @@ class TorchActor(_TorchWorker):
         full = batch["responses"].shape[1]
         return _pad_right(log_probs, full), (_pad_right(entropy, full) if entropy is not None else None)
 
-    @torch.no_grad()
     def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) log pi(response token), zero on padding."""
-        return self.per_micro_batch(batch, lambda mb: self.forward(mb)[0]) * batch["response_mask"]
+        return self.per_row(batch, lambda mb: self.forward(mb)[0])
+
+    @property
+    def lora(self) -> bool:
+        """Whether an adapter trains (the Actor protocol's optional `lora`: full_tensors is the merged model)."""
+        return self.weights.lora
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, full tensor) per state-dict entry, one at a time; a sharded (DTensor) entry is
-        gathered, so under torchrun this is a collective every rank must consume whole."""
-        for name, value in self.module.state_dict().items():
-            yield name, (value.full_tensor() if hasattr(value, "full_tensor") else value).detach()
+        """(name, full tensor) per entry of the model a rollout loads, one at a time (`weights.full_tensors`);
+        a sharded (DTensor) entry is gathered, so under torchrun this is a collective every rank must consume whole."""
+        return self.weights.full_tensors(self.module)
 
     def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False) -> dict[str, float]:
         """PPO epochs over mini-batches (one optimizer step each) split into micro-batches.
@@ -370,9 +329,9 @@ class TorchActor(_TorchWorker):
             pi_old is this forward's policy: old log-probs are taken from it (detached) instead of
             batch["old_log_probs"], and the loss is told so (the trainer decides: `Trainer._build`).
         """
-        cfg = self.config.actor
+        cfg = self.section
         scale = cfg.loss_scale_factor or self.config.rollout.max_new_tokens
-        mini_batches = list(self.minibatches(batch, self.config.actor_mini_batch_size))
+        mini_batches = list(self.minibatches(batch))
         if on_policy and (cfg.ppo_epochs > 1 or len(mini_batches) > 1):
             raise ValueError("on_policy=True needs exactly one optimizer step (ppo_epochs = 1, one mini-batch)")
         self.module.train()
@@ -401,27 +360,29 @@ def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
 
 
 class TorchCritic(_TorchWorker):
-    """A value model: module(...).logits is (B, T, 1); values are read at the state before each response token."""
+    """A value model: module(...).logits is (B, T, 1); values are read at the state before each response token.
+    parallel, weights: as for TorchActor."""
 
     metric_prefix = "critic"
 
-    def __init__(self, module: torch.nn.Module, config: Config, device: torch.device | str = "cpu"):
-        super().__init__(module, config, config.critic, config.critic_mini_batch_size,
-                         config.critic.ppo_epochs, device)
+    def __init__(self, module: torch.nn.Module, config: Config, device: torch.device | str = "cpu", *,
+                 parallel: DataParallel | None = None, weights: Weights | None = None):
+        super().__init__(module, config, config.critic, trainable=True,
+                         mini_batch_prompts=config.critic_mini_batch_size, device=device, parallel=parallel,
+                         weights=weights)
 
     def forward(self, batch: RLBatch) -> torch.Tensor:
         inputs, width = self.module_inputs(batch)
         values = self.module(**inputs).logits[..., 0].float()
         return _pad_right(values[:, -width - 1:-1], batch["responses"].shape[1])
 
-    @torch.no_grad()
     def compute_values(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) value estimates, zero on padding."""
-        return self.per_micro_batch(batch, self.forward) * batch["response_mask"]
+        return self.per_row(batch, self.forward)
 
     def update(self, batch: RLBatch) -> dict[str, float]:
         """Value-loss epochs over mini-batches (one optimizer step each) split into micro-batches."""
-        cfg = self.config.critic
+        cfg = self.section
         self.module.train()
 
         def loss_of(mb: RLBatch, norms: dict[str, float]):
@@ -431,6 +392,6 @@ class TorchCritic(_TorchWorker):
 
         steps = []
         for _ in range(cfg.ppo_epochs):
-            for micro_batches, norms in self.minibatches(batch, self.config.critic_mini_batch_size):
+            for micro_batches, norms in self.minibatches(batch):
                 steps.append(self.optimizer_step(micro_batches, norms, loss_of))
         return mean_metrics(steps)

@@ -5,7 +5,8 @@
 
 Runs in one ordinary process (no torchrun, no GPU): every rank's `model_rank<r>.safetensors` shards
 of the actor are joined along the dims `shards.json` names into the state dict of a model rebuilt from
-the checkpoint's `actor/hf/` config, which is then saved with its tokenizer. Nothing is unpickled.
+the checkpoint's `actor/hf/` config, which is then saved with its tokenizer (the format and its file
+names: checkpoint.py). Nothing is unpickled.
 The result loads with `AutoModelForCausalLM.from_pretrained`.
 """
 
@@ -17,11 +18,9 @@ import shutil
 import sys
 from pathlib import Path
 
-ACTOR_DIR, HF_FILES = "actor", "hf"
-MODEL_FILE = "model_rank{rank}.safetensors"
-"""Each rank's shards of the model, as workers.py saves them."""
-SHARDS = "shards.json"
-"""Written by rank 0: {"world_size": N, "model": {name: {"shape": [...], "shard_dim": int or null}}}."""
+from .checkpoint import HF_FILES, MODEL_FILE, SHARDS
+
+ACTOR_DIR = "actor"
 
 
 class ExportError(Exception):

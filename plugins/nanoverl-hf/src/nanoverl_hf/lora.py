@@ -2,16 +2,19 @@
 
 With `[model.lora] enable = true` the policy (and the value model, whose `score` head stays
 trainable in full) is wrapped with `peft.get_peft_model`: the base weights are frozen, and only the
-adapter (and the value head) require grad, so the core's optimizer, which takes the parameters that
-require grad, holds Adam state for the adapter alone.
+adapter (and the value head) require grad. `LoraWeights` is the core's `weights` strategy for such a
+module: `TorchActor(module, config, weights=LoraWeights())` (and `parallel=FSDPParallel(...)` for the
+sharded `fsdp` worker: the two strategies combine). It says:
 
-- Reference: `AdapterDisabled`, a view over the actor's own module run inside peft's
-  `disable_adapter()`; it holds no parameter, so there is no second copy of the model. A disabled
-  LoRA layer computes exactly `base_layer(x)`, so reference log-probs equal the base model's bit
-  for bit (a test pins it).
-- Checkpoints: `adapter_model.safetensors` (peft's `get_peft_model_state_dict`, the file peft's own
-  `save_pretrained` writes), `adapter_config.json`, and the optimizer state as today (weights-only
-  torch.save); the frozen base is rebuilt from `model.path` (and `trainer.seed` for random weights).
+- What trains: the parameters that require grad, so the optimizer holds Adam state for the adapter alone.
+- Reference: `LoraWeights.reference(actor)`, a frozen actor over `AdapterDisabled`, a view of the
+  actor's own module run inside peft's `disable_adapter()`; it holds no parameter, so there is no
+  second copy of the model. A disabled LoRA layer computes exactly `base_layer(x)`, so reference
+  log-probs equal the base model's bit for bit (a test pins it).
+- Checkpoints: in one process `adapter_model.safetensors` (peft's `get_peft_model_state_dict`, the
+  file peft's own `save_pretrained` writes) and `adapter_config.json`; sharded, each rank's shards of
+  the trainable entries and `adapter_config.json`. The optimizer state is the parallel strategy's as
+  for any worker; the frozen base is rebuilt from `model.path` (and `trainer.seed` for random weights).
 - Rollout weights: `merged_tensors` yields the merged model's state dict under plain transformers
   names, each LoRA layer's weight computed as W + scale * B @ A on the fly. W itself is never
   changed, so repeated syncs cannot drift (an in-place merge_adapter / unmerge_adapter round trip
@@ -25,16 +28,17 @@ require grad, holds Adam state for the adapter alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from nanoverl_core import ConfigError, TorchActor, TorchCritic
+from nanoverl_core import ConfigError, TorchActor
 from nanoverl_core.config import Config
 from nanoverl_core.errors import CheckpointMismatch
-from nanoverl_core.workers import checkpoint_fits, load_optimizer, save_optimizer
 
 INSTALL = 'pip install "nanoverl-hf[lora]"'
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -188,8 +192,13 @@ def save_adapter(peft_model: torch.nn.Module, folder: Path) -> Path:
     state = {k: _full(v).detach().to("cpu").contiguous()
              for k, v in get_peft_model_state_dict(peft_model, save_embedding_layers=False).items()}
     save_file(state, str(folder / ADAPTER_FILE))
-    peft_model.peft_config["default"].save_pretrained(str(folder))    # adapter_config.json
+    save_adapter_config(peft_model, folder)
     return folder
+
+
+def save_adapter_config(peft_model: torch.nn.Module, folder: Path) -> None:
+    """adapter_config.json, as peft's save_pretrained writes it."""
+    peft_model.peft_config["default"].save_pretrained(str(folder))
 
 
 def has_adapted_embedding(peft_model: torch.nn.Module) -> bool:
@@ -210,38 +219,6 @@ def eval_mode(module: torch.nn.Module):
         module.train(was)
 
 
-class _AdapterCheckpoint:
-    """save / load of the adapter (and a value head) and its optimizer state, not the frozen base."""
-
-    lora = True
-    module: torch.nn.Module
-
-    def save(self, path: Path) -> None:
-        from peft import get_peft_model_state_dict
-        from safetensors.torch import save_file
-
-        path.mkdir(parents=True, exist_ok=True)
-        # save_embedding_layers=False: with an adapted embedding peft would also save the frozen base
-        # embedding (and a tied head sharing its storage, which safetensors refuses); it is rebuilt anyway
-        state = {k: v.detach().contiguous()
-                 for k, v in get_peft_model_state_dict(self.module, save_embedding_layers=False).items()}
-        save_file(state, str(path / ADAPTER_FILE))
-        self.module.peft_config["default"].save_pretrained(str(path))    # adapter_config.json
-        if self.optimizer is not None:
-            save_optimizer(path, self.optimizer, self.scheduler)
-
-    def load(self, path: Path) -> None:
-        from safetensors.torch import load_file
-
-        if not (path / ADAPTER_FILE).is_file():
-            raise CheckpointMismatch(f"{path} holds no LoRA adapter ({ADAPTER_FILE}): it was saved by a run without "
-                                     "model.lora.enable; resume it with the same model.lora settings")
-        with checkpoint_fits(path):
-            load_adapter(self.module, load_file(str(path / ADAPTER_FILE), device=str(self.device)))
-            if self.optimizer is not None:
-                load_optimizer(path, self.optimizer, self.scheduler, self.device)
-
-
 def load_adapter(peft_model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Put saved adapter weights (get_peft_model_state_dict names) into `peft_model`; every trainable
     tensor must be in `state` and every entry of `state` must fit (else CheckpointMismatch)."""
@@ -255,44 +232,55 @@ def load_adapter(peft_model: torch.nn.Module, state: dict[str, torch.Tensor]) ->
                                  f"{sorted(result.unexpected_keys)[:3]}; resume with the run's model.lora settings")
 
 
-class LoraActor(_AdapterCheckpoint, TorchActor):
-    """A policy whose module is a peft model: adapter-only optimizer and checkpoints, merged full_tensors."""
+class LoraWeights:
+    """The core's `weights` strategy for a peft module: what trains is the adapter (and a value model's
+    `score` head), checkpoints hold that alone, and rollouts load the merged model."""
 
-    @torch.no_grad()
-    def compute_log_probs(self, batch):
-        with eval_mode(self.module):
-            return super().compute_log_probs(batch)
+    lora = True
 
-    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def parameters(self, module: torch.nn.Module) -> list[torch.nn.Parameter]:
+        """The adapter (and the value head): peft froze everything else."""
+        return [p for p in module.parameters() if p.requires_grad]
+
+    def inference(self, module: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Adapter dropout off in log-prob and value passes (the update's forward keeps it)."""
+        return eval_mode(module)
+
+    def full_tensors(self, module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """The merged weights under the base model's names (what a rollout engine loads)."""
-        return merged_tensors(self.module)
+        return merged_tensors(module)
 
-    def base_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The frozen base weights (no adapter) under the base model's names."""
-        return merged_tensors(self.module, merge=False)
+    def checkpoint_entries(self, module: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+        """The trainable entries only (a sharded state dict without frozen parameters still holds a
+        tied lm_head, which is not a parameter name)."""
+        trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+        return {name: value for name, value in state.items() if name in trainable}
 
-    def save_adapter(self, folder: Path) -> Path:
-        """The current adapter as a peft save_pretrained folder (see `save_adapter`)."""
-        return save_adapter(self.module, folder)
+    def save_config(self, module: torch.nn.Module, folder: Path) -> None:
+        save_adapter_config(module, folder)
 
-    @property
-    def lora_rank(self) -> int:
-        return self.module.peft_config["default"].r
+    def save(self, module: torch.nn.Module, folder: Path) -> None:
+        """ADAPTER_FILE and adapter_config.json, as peft's save_pretrained writes them."""
+        save_adapter(module, folder)
 
-    @property
-    def adapted_embedding(self) -> bool:
-        return has_adapted_embedding(self.module)
+    def load(self, module: torch.nn.Module, folder: Path, device: torch.device) -> None:
+        from safetensors.torch import load_file
 
+        if not (folder / ADAPTER_FILE).is_file():
+            raise CheckpointMismatch(f"{folder} holds no LoRA adapter ({ADAPTER_FILE}): it was saved by a run without "
+                                     "model.lora.enable; resume it with the same model.lora settings")
+        load_adapter(module, load_file(str(folder / ADAPTER_FILE), device=str(device)))
 
-class LoraCritic(_AdapterCheckpoint, TorchCritic):
-    """A value model with a LoRA backbone and a fully trained `score` head."""
+    def actor_attributes(self, module: torch.nn.Module) -> dict[str, Any]:
+        """What lets nanoverl-vllm serve the adapter itself (`lora_sync = "adapter"`): `save_adapter(folder)`,
+        `base_tensors()` (the frozen base under the base model's names), `lora_rank`, `adapted_embedding`."""
+        return {"save_adapter": functools.partial(save_adapter, module),
+                "base_tensors": functools.partial(merged_tensors, module, merge=False),
+                "lora_rank": module.peft_config["default"].r,
+                "adapted_embedding": has_adapted_embedding(module)}
 
-    @torch.no_grad()
-    def compute_values(self, batch):
-        with eval_mode(self.module):
-            return super().compute_values(batch)
-
-
-def reference_view(actor: TorchActor, cls=TorchActor, **kwargs):
-    """The reference policy of a LoRA actor: `cls` (a frozen actor class) over AdapterDisabled(actor.module)."""
-    return cls(AdapterDisabled(actor.module), actor.config, trainable=False, device=actor.device, **kwargs)
+    def reference(self, actor: TorchActor) -> TorchActor:
+        """The reference policy: a frozen actor over AdapterDisabled(actor.module), on the actor's ranks
+        (`parallel`), with full weights (it has none of its own: nothing to save or train)."""
+        return TorchActor(AdapterDisabled(actor.module), actor.config, trainable=False, device=actor.device,
+                          parallel=actor.parallel)

@@ -1,9 +1,10 @@
 """Worker `hf`: policy, reference and value model on transformers modules, in one process.
 
 The PPO mechanics (micro-batches, clipping, optimizer, checkpoints) are the core's `TorchActor` and
-`TorchCritic`; this file only builds the modules and the tokenizer. With [model.lora] the actor and
-critic are nanoverl_hf.lora's (adapter-only optimizer and checkpoints) and the reference is the
-actor's own module with the adapter disabled.
+`TorchCritic` with their single-process default; this file only builds the modules and the
+tokenizer. With [model.lora] the actor and critic get nanoverl_hf.lora's `LoraWeights` (adapter-only
+optimizer and checkpoints, merged weights for rollouts) and the reference is the actor's own module
+with the adapter disabled.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ def make_workers(config: Config) -> Workers:
     device = resolve_device(config.trainer.device)
     tokenizer, policy, reference, critic = build_modules(config, source)
     if config.model.lora.enable:
-        from .lora import LoraActor, LoraCritic, reference_view
-        actor = LoraActor(policy.to(device), config, device=device)
+        from .lora import LoraWeights
+        lora = LoraWeights()
+        actor = TorchActor(policy.to(device), config, device=device, weights=lora)
         return Workers(tokenizer=tokenizer, actor=actor,
-                       reference=reference_view(actor) if config.reference.enable else None,
-                       critic=LoraCritic(critic.to(device), config, device=device) if critic is not None else None)
+                       reference=lora.reference(actor) if config.reference.enable else None,
+                       critic=TorchCritic(critic.to(device), config, device=device, weights=lora)
+                       if critic is not None else None)
     return Workers(
         tokenizer=tokenizer,
         actor=TorchActor(policy.to(device), config, device=device),
