@@ -126,3 +126,10 @@ def test_lora_vllm_benchmark_times_merged_and_adapter_sync():
     assert row["model"] == "tiny" and row["rank"] == 8
     for mode in ("merged", "adapter"):
         assert row[mode]["sync_s"] > 0 and row[mode]["tokens_per_s"] > 0 and row[mode]["start_s"] > 0
+
+
+def test_multiturn_cost_times_episodes_against_single_responses_of_as_many_tokens():
+    [result] = run("multiturn_cost.py", "--model", "tiny", "--rows", "4", "--turn-tokens", "4", "--reps", "1")
+    assert result["benchmark"] == "multiturn_cost" and result["rollout"] == "hf"
+    assert result["model_tokens"] == {"single": 48, "episodes": 48}        # equal work: 4 rows x 3 x 4 tokens
+    assert result["ratio"] > 0 and len(result["episodes_s_all"]) == 1

@@ -140,7 +140,9 @@ class EpisodeRollout:
         self.cfg, self.budget = config.environment, config.rollout.max_new_tokens
         self.settings = config.environment.settings
         self.returns_log_probs = bool(getattr(engine, "returns_log_probs", False))
-        self.stop_ids = stop_token_ids(tokenizer, getattr(engine, "module", None))
+        own = getattr(engine, "eos_token_ids", None)          # the hf and vllm rollouts' own stop ids
+        self.stop_ids = list(own or stop_token_ids(tokenizer, getattr(engine, "module", None)))
+        """What ends a model turn."""
 
     def sync_weights(self, actor) -> None:
         self.engine.sync_weights(actor)
