@@ -252,13 +252,12 @@ def test_shared_prefix_generation_equals_plain_generation(tiny_dir, make_config,
 
 
 def test_each_distinct_prompt_prefix_is_computed_once(tiny_dir, make_config):
-    cfg = make_config(tiny_dir)
-    workers = make_workers(cfg)
-    rollout = make_rollout(cfg, workers)
+    workers = make_workers(make_config(tiny_dir))
     batch = prompt_batch(workers.tokenizer, GROUPS)                         # 16 rows, 4 distinct, width 7
     fed = {}
-    for share in (True, False):
-        rollout.share_prefix, shapes = share, []
+    for share in (True, False):                                             # the key, through load_config
+        cfg = make_config(tiny_dir, f"rollout.hf.share_prompts={str(share).lower()}")
+        rollout, shapes = make_rollout(cfg, workers), []
         hook = workers.actor.module.get_input_embeddings().register_forward_pre_hook(
             lambda module, args: shapes.append(tuple(args[0].shape)))
         try:
