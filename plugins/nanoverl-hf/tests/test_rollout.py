@@ -12,6 +12,7 @@ from conftest import prompt_batch
 from nanoverl_core import SamplingParams
 from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.data import collate, load_prompts
+from nanoverl_core.testing import with_loss_mask
 from nanoverl_hf.rollout import HFRollout, make_rollout
 from nanoverl_hf.workers import make_workers
 
@@ -141,7 +142,7 @@ def train_to_answer(workers, answer: list[int], steps: int = 15):
     batch["responses"] = torch.tensor([answer, answer])
     batch["response_mask"] = torch.ones(2, len(answer))
     batch["advantages"] = torch.ones(2, len(answer))
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    with_loss_mask(batch)                                          # every sampled token counts
     for _ in range(steps):
         batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
         workers.actor.update(batch, vanilla)
