@@ -135,7 +135,8 @@ class MlflowTracker:
         if experiment.lifecycle_stage != "active":
             raise UserError(f"mlflow experiment {name!r} in {_redact(self.uri)} is deleted; restore it "
                             f"(MLFLOW_TRACKING_URI={shlex.quote(_redact(self.uri))} mlflow experiments restore "
-                            f"--experiment-id {experiment.experiment_id}) or set [tracking.mlflow] experiment to another name")
+                            f"--experiment-id {experiment.experiment_id}) or set [tracking.mlflow] experiment to "
+                            "another name")
         if EXPERIMENT_KIND not in experiment.tags:                  # never overrides a kind a user chose
             self.client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, "custom_model_development")
         return experiment.experiment_id

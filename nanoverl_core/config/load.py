@@ -112,17 +112,17 @@ def _field_type(parts: list[str], registry: Registry | None) -> Any:
     """The declared type at a dotted path, or None if the path is not in the schema. The second part
     may name a registered component of the section (`tracking.mlflow.run_name`): its settings class."""
     cls: Any = Config
+    kind = COMPONENTS.get(parts[0])
     for i, part in enumerate(parts):
         if not (isinstance(cls, type) and attrs.has(cls)):
             return None
         field = attrs.fields_dict(cls).get(part)
-        kind = COMPONENTS.get(parts[0])
-        if field is None and i == 1 and registry is not None and kind and part in registry.entries[kind]:
-            cls = registry.settings_class(kind, part)
-            continue
-        if field is None:
+        if field is None and i == 1 and registry is not None and part in registry.entries.get(kind, {}):
+            cls = registry.settings_class(kind, part)  # [<section>.<name>]: None if it takes no settings
+        elif field is None:
             return None
-        cls = field.type
+        else:
+            cls = field.type
     return cls
 
 
