@@ -31,7 +31,7 @@ Workloads (models in benchmarks/common.py):
                tokens (EOS never sampled), examples/configs/smollm2_arithmetic.toml's micro-batches, hf rollout
   smollm2-vllm the same with the vllm rollout (run with .venv-vllm/bin/python; the old-log-prob pass runs
                because the rollout-mismatch metrics need it)
-  smollm2-plain  smollm2 with every row's prompt run whole (rollout.share_prompts and actor.share_prompts
+  smollm2-plain  smollm2 with every row's prompt run whole (rollout.hf.share_prompts and actor.share_prompts
                off): what prompt sharing saves
 For every workload the actor update is also stated against this CPU's limit, measured in the same
 process at the same thread count (common.gemm_gflops: the fastest 2048^3 fp32 matmul):
@@ -74,7 +74,7 @@ WORKLOAD_SPECS = {
     "smollm2": {"backend": "hf", "model": "smollm2", "extra": ["rollout.name=hf"], **WORKLOADS["smollm2"]},
     "smollm2-vllm": {"backend": "hf", "model": "smollm2", "extra": ["rollout.name=vllm"], **WORKLOADS["smollm2"]},
     "smollm2-plain": {"backend": "hf", "model": "smollm2", **WORKLOADS["smollm2"],
-                      "extra": ["rollout.name=hf", "rollout.share_prompts=false", "actor.share_prompts=false"]},
+                      "extra": ["rollout.name=hf", "rollout.hf.share_prompts=false", "actor.share_prompts=false"]},
 }
 
 

@@ -2,6 +2,7 @@
 
     from nanoverl_core.testing import check_actor, check_rollout, check_same_run, prompt_batch
     from nanoverl_core.testing import assert_same_adam_step        # two updates that should agree
+    from nanoverl_core.testing import with_loss_mask               # a hand-built batch's loss_mask
 
     batch = prompt_batch(workers.tokenizer, ["12=", "345="], n=2)
     batch.update(check_rollout(rollout, batch, max_new_tokens=4))    # returns one sampled output
@@ -39,6 +40,16 @@ def prompt_batch(tokenizer, texts: list[str], n: int = 1) -> RLBatch:
         mask[row, width - len(tokens):] = 1
     batch = RLBatch({"prompts": prompts, "prompt_mask": mask}, {"uid": [f"p{i}" for i in range(len(ids))]})
     return batch.repeat_interleave(n)
+
+
+def with_loss_mask(batch: RLBatch, mask_truncated: bool = False) -> RLBatch:
+    """`batch` (edited in place) with the loss_mask the trainer gives an update: every response token
+    (or the rollout's own loss_mask), and with `mask_truncated` none of a truncated row's. It calls the
+    trainer's own derivation, so a test that builds its batch by hand cannot drift from a run."""
+    from .trainer.trainer import loss_mask  # on first use: the trainer module imports the data stack
+
+    batch["loss_mask"] = loss_mask(batch, mask_truncated)
+    return batch
 
 
 def _check_outputs(out: RLBatch, rows: int, max_new_tokens: int) -> None:
@@ -172,7 +183,7 @@ def _check_update(actor: Actor, batch: RLBatch, log_probs: torch.Tensor,
     train = batch.index(slice(None))                # a copy: the caller's batch keeps its columns
     train["old_log_probs"], train["ref_log_probs"] = log_probs.clone(), log_probs.clone()
     train["advantages"] = mask.float().clone()      # +1 on every valid token
-    train["loss_mask"] = mask.float().clone()       # every sampled token counts
+    with_loss_mask(train)                           # every sampled token counts
     before = {name: tensor.clone() for name, tensor in actor.full_tensors()}
     metrics = actor.update(train, policy_loss, on_policy=False)
     assert isinstance(metrics, dict) and metrics, "update must return its metrics, a dict of name -> float"

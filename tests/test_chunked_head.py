@@ -205,7 +205,7 @@ def _workers(tmp_path, chunk: int, *extra: str):
 
 def _batch(tokenizer):
     """4 rows, prompts of 1-4 tokens, responses of 1-6 tokens (padding on both sides), random advantages."""
-    from nanoverl_core.testing import prompt_batch
+    from nanoverl_core.testing import prompt_batch, with_loss_mask
 
     batch = prompt_batch(tokenizer, ["12=", "9876=", "5=", "abc="])
     lengths = [6, 2, 1, 4]
@@ -213,7 +213,7 @@ def _batch(tokenizer):
     batch["responses"] = torch.randint(3, 40, (4, 6), generator=g)
     batch["response_mask"] = (torch.arange(6)[None] < torch.tensor(lengths)[:, None]).float()
     batch["advantages"] = torch.randn(4, 6, generator=g) * batch["response_mask"]
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    with_loss_mask(batch)                                          # every sampled token counts
     return batch
 
 

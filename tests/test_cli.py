@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, ROOT, assert_user_error, cli_env, run_cli
+from nanoverl_core.config import MOVED_KEYS
 
 DEBUG = str(EXAMPLES / "debug_ppo.toml")
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
@@ -45,6 +46,13 @@ def test_console_script_is_installed():
 ])
 def test_user_errors_exit_2_with_one_line(args, needles):
     assert_user_error(run_cli(*args, "--dry-run"), *needles)
+
+
+@pytest.mark.parametrize("old", MOVED_KEYS)
+def test_a_moved_key_is_one_error_line_naming_its_new_place(old):
+    table, _, key = MOVED_KEYS[old].rpartition(".")
+    line = assert_user_error(run_cli("--config", DEBUG, "--dry-run", f"{old}=x"))
+    assert line == f"error: {old} moved: write it as [{table}] {key} = ... (as an override: {MOVED_KEYS[old]}=...)"
 
 
 def test_unparsable_config_file(tmp_path):

@@ -17,7 +17,7 @@ from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.builtins.debug import make_rollout, make_workers
 from nanoverl_core.builtins.debug_settings import DebugModelSettings, DebugRolloutSettings
 from nanoverl_core.errors import ConfigError
-from nanoverl_core.testing import check_actor, check_rollout, check_same_run, prompt_batch
+from nanoverl_core.testing import check_actor, check_rollout, check_same_run, prompt_batch, with_loss_mask
 
 PPO = EXAMPLES / "debug_ppo.toml"
 REINFORCE = EXAMPLES / "debug_reinforce.toml"
@@ -126,7 +126,7 @@ def _update(micro_batch_size: int, ppo_epochs: int = 2, replay: list | None = No
     batch["old_log_probs"] = workers.actor.compute_log_probs(batch) + 0.3 * torch.randn(mask.shape, generator=g) * mask
     batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)
     batch["advantages"] = torch.randn(mask.shape, generator=g) * mask
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    with_loss_mask(batch)                                          # every sampled token counts
     grads, params, step = [], [], workers.actor.clip_and_step
     replay_steps(workers.actor, params, replay)
 
@@ -167,7 +167,7 @@ def test_the_on_policy_shortcut_is_an_explicit_flag_that_needs_a_single_step():
     batch = prompt_batch(workers.tokenizer, ["12="], n=2)
     batch.update(make_rollout(cfg, workers).generate(batch, _sampling(cfg)))
     batch["advantages"] = batch["response_mask"].clone()
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    with_loss_mask(batch)                                          # every sampled token counts
     with pytest.raises(ValueError, match="exactly one optimizer step"):
         workers.actor.update(batch, vanilla, on_policy=True)
 

@@ -19,7 +19,7 @@ def test_killed_and_resumed_run_is_one_mlflow_run_with_each_step_once(tmp_path):
     run_dir, uri = tmp_path / "run", f"sqlite:///{tmp_path}/mlflow.db"
     args = ["--config", str(EXAMPLES / "debug_reinforce.toml"), "trainer.progress=none", "trainer.total_steps=8",
             "trainer.save_every=3", "trainer.val_every=4", f"trainer.output_dir={run_dir}",
-            "tracking.trackers=[jsonl,mlflow]", f"tracking.mlflow_uri={uri}", "tracking.experiment=resume-test"]
+            "tracking.trackers=[jsonl,mlflow]", f"tracking.mlflow.uri={uri}", "tracking.mlflow.experiment=resume-test"]
     env = cli_env(MLFLOW_TRACKING_URI="")
     proc = subprocess.Popen([sys.executable, "-m", "nanoverl_core.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
+from nanoverl_core.builtins.mlflow_settings import MlflowSettings  # noqa: E402
 from nanoverl_core.builtins.mlflow_tracker import make_tracker  # noqa: E402
 from nanoverl_core.config import Config  # noqa: E402
 from nanoverl_core.errors import UserError  # noqa: E402
@@ -54,7 +55,7 @@ def make_config(run_dir: Path, uri: str = "") -> Config:
     cfg = Config()
     cfg.trainer.output_dir = str(run_dir)
     cfg.tracking.trackers = ["console", "jsonl", "mlflow"]
-    cfg.tracking.mlflow_uri = uri
+    cfg.tracking.settings["mlflow"] = MlflowSettings(uri=uri)
     return cfg
 
 
@@ -184,9 +185,9 @@ def test_local_store_records_every_step_params_tags_and_config(tmp_path, capsys)
 def test_store_from_env_run_name_from_config_and_config_without_config_json(tmp_path, monkeypatch, empty_store):
     run_dir = tmp_path / "runs" / "r1"
     uri = copy_store(empty_store, tmp_path / "store" / "mlflow.db")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # used since tracking.mlflow_uri is empty
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # used since [tracking.mlflow] uri is empty
     cfg = make_config(run_dir)
-    cfg.tracking.run_name, cfg.tracking.experiment = "my-run", "exp-a"
+    cfg.tracking.settings["mlflow"] = MlflowSettings(run_name="my-run", experiment="exp-a")
     tracker = make_tracker(cfg, run_dir, None)
     tracker.close(success=False)
 
@@ -197,7 +198,7 @@ def test_store_from_env_run_name_from_config_and_config_without_config_json(tmp_
     assert client.get_experiment(run.info.experiment_id).name == "exp-a"
     assert run.info.artifact_uri.startswith((tmp_path / "store" / "mlartifacts").as_uri())  # not ./mlruns
     config_json = Path(client.download_artifacts(run.info.run_id, "config.json", str(tmp_path / "dl")))
-    assert json.loads(config_json.read_text())["config"]["tracking"]["run_name"] == "my-run"
+    assert json.loads(config_json.read_text())["config"]["tracking"]["mlflow"]["run_name"] == "my-run"
 
 
 def test_an_existing_experiment_is_marked_as_training_unless_it_has_a_kind(tmp_path, empty_store):
@@ -207,7 +208,7 @@ def test_an_existing_experiment_is_marked_as_training_unless_it_has_a_kind(tmp_p
     client.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
     for name in ("plain", "chosen"):
         cfg = make_config(tmp_path / "runs" / name, uri)
-        cfg.tracking.experiment = name
+        cfg.tracking.settings["mlflow"].experiment = name
         make_tracker(cfg, tmp_path / "runs" / name, None).close(success=True)
     kinds = {name: client.get_experiment_by_name(name).tags["mlflow.experimentKind"] for name in ("plain", "chosen")}
     assert kinds == {"plain": "custom_model_development", "chosen": "genai_development"}
@@ -266,21 +267,21 @@ def test_resume_without_the_run_in_the_store_starts_a_new_run(tmp_path, capsys, 
 # ---- failures -----------------------------------------------------------------------------------------------
 def test_unreachable_server_at_start_is_a_quick_user_error(tmp_path, monkeypatch):
     uri = f"http://127.0.0.1:{free_port()}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # tracking.mlflow_uri wins
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # [tracking.mlflow] uri wins
     start = time.monotonic()
     with pytest.raises(UserError) as err:
         make_tracker(make_config(tmp_path / "runs" / "demo", uri=uri), tmp_path / "runs" / "demo", None)
     assert time.monotonic() - start < 10
     message = str(err.value)
     assert "\n" not in message and uri in message and "Connection refused" in message
-    assert "tracking.mlflow_uri" in message and "tracking.trackers" in message
+    assert "[tracking.mlflow] uri" in message and "tracking.trackers" in message
 
 
 def test_sqlite_store_in_an_unusable_folder_is_a_user_error(tmp_path):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("")  # a file where the store's folder should be (chmod would not stop root)
     uri = f"sqlite:///{blocker / 'mlflow.db'}"
-    with pytest.raises(UserError, match="tracking.mlflow_uri") as err:
+    with pytest.raises(UserError, match=r"\[tracking.mlflow\] uri") as err:
         make_tracker(make_config(tmp_path / "runs" / "demo", uri=uri), tmp_path / "runs" / "demo", None)
     assert uri in str(err.value)
 

@@ -41,7 +41,7 @@ weight = 0.3
     run_dir, store = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = run_cli("--config", config, "trainer.total_steps=2", "trainer.save_every=0", "data.val_files=[]",
                    "data.batch_size=4", "rollout.n=2", "trainer.progress=none", "trainer.rollout_samples=-1",
-                   "tracking.trackers=[jsonl,mlflow]", f"tracking.mlflow_uri={store}", f"trainer.output_dir={run_dir}")
+                   "tracking.trackers=[jsonl,mlflow]", f"tracking.mlflow.uri={store}", f"trainer.output_dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = read_metrics(run_dir)
     for step, row in enumerate(metrics, start=1):

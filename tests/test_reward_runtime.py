@@ -131,6 +131,27 @@ def _batch(n: int):
                                            "data_source": ["d"] * n})
 
 
+def test_a_reward_registered_in_code_runs_in_the_trainer_next_to_a_pooled_file(tmp_path):
+    """A worker loads only files and refs, never the plugins: a closure registered in code (no ref a
+    worker could import) is called in the trainer, the file's reward in the pool, in one score."""
+    from nanoverl_core.config import RewardComponent, RewardConfig
+    from nanoverl_core.plugins import Registry
+    from nanoverl_core.reward import RewardScorer
+
+    (tmp_path / "length.py").write_text("def compute_score(prompt, response, sample):\n    return len(response) / 4\n")
+    registry = Registry()
+    registry.add("reward", "half", lambda prompt, response, sample: 0.5, "somebody")
+    cfg = RewardConfig(components=[RewardComponent(name="half"),
+                                   RewardComponent(file=str(tmp_path / "length.py"), weight=2.0)], workers=1)
+    scorer = RewardScorer(cfg, registry, run_dir=tmp_path / "run")
+    try:
+        assert scorer.in_trainer == [True, False]
+        scores, metrics = scorer.score(_batch(2), ["ab", "abcd"])
+    finally:
+        scorer.close()
+    assert scores.tolist() == [1.5, 2.5] and metrics["reward/half/mean"] == 0.5
+
+
 def test_the_timeout_holds_off_the_main_thread(tmp_path):
     source = ("import time\ndef compute_score(prompt, response, sample):\n"
               "    if sample['i'] == 1:\n        while True:\n            pass\n    return 0.5\n")

@@ -176,11 +176,11 @@ def test_config_values_are_never_evaluated(tmp_path):
     marker = tmp_path / "EVALUATED"
     code = f"__import__('os').system('touch {marker}')"
     proc = run_cli("--config", REINFORCE, "--dry-run", f"trainer.output_dir={code}", f"data.prompt_key={code}",
-                   f"tracking.run_name={{{{ {code} }}}}")
+                   "tracking.trackers=[console,mlflow]", f"tracking.mlflow.run_name={{{{ {code} }}}}")
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(proc.stdout)["config"]
     assert cfg["trainer"]["output_dir"] == code and cfg["data"]["prompt_key"] == code
-    assert cfg["tracking"]["run_name"] == "{{ " + code + " }}"
+    assert cfg["tracking"]["mlflow"]["run_name"] == "{{ " + code + " }}"  # a component's setting too
     assert not marker.exists()
 
 

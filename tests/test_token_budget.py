@@ -13,7 +13,7 @@ from nanoverl_core.algos import LOSS_AGG_MODES
 from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.builtins.debug import make_rollout, make_workers
 from nanoverl_core.errors import ConfigError
-from nanoverl_core.testing import prompt_batch
+from nanoverl_core.testing import prompt_batch, with_loss_mask
 from nanoverl_core.workers import token_budget_groups
 
 PPO = EXAMPLES / "debug_ppo.toml"
@@ -54,7 +54,7 @@ def _run(mode: str, *limits: str, replay: dict | None = None):
     batch["old_log_probs"] = log_probs + 0.3 * torch.randn(mask.shape, generator=g) * mask
     batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)
     batch["advantages"] = torch.randn(mask.shape, generator=g) * mask
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    with_loss_mask(batch)                                          # every sampled token counts
     batch["values"], batch["returns"] = values, torch.randn(mask.shape, generator=g) * mask
     grads, params = [], {"actor": [], "critic": []}
     for name, worker in (("actor", workers.actor), ("critic", workers.critic)):

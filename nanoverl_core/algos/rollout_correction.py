@@ -139,15 +139,12 @@ import math
 import attrs
 import torch
 
+from ..config import CORRECTION_LEVELS, RS_KL_OPTIONS
 from .utils import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0
 """Log-ratios (token or sequence) are clamped to [-SAFETY_BOUND, SAFETY_BOUND] before exp, like verl."""
 
-IS_LEVELS = ("off", "token", "sequence", "geometric")
-RS_LEVELS = ("off", "token", "sequence", "geometric")
-RS_KL_OPTIONS = ("off", "token_k2", "token_k3", "seq_sum_k2", "seq_sum_k3", "seq_mean_k2", "seq_mean_k3",
-                 "seq_max_k2", "seq_max_k3")
 PREFIX = "rollout_corr/"
 
 
@@ -368,8 +365,8 @@ def compute_rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: tor
     every valid token of the original mask (rejected ones included), as verl does. With everything
     off this is only the metrics, and mask equals response_mask.
     """
-    _check_choice("is_level", is_level, IS_LEVELS)
-    _check_choice("rs_level", rs_level, RS_LEVELS)
+    _check_choice("is_level", is_level, CORRECTION_LEVELS)
+    _check_choice("rs_level", rs_level, CORRECTION_LEVELS)
     _check_choice("rs_kl", rs_kl, RS_KL_OPTIONS)
     metrics = rollout_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask)
     log_ratio, mask, valid = _prepare(old_log_prob, rollout_log_prob, response_mask)

@@ -4,8 +4,8 @@ Selected by ``tracking.trackers = [..., "mlflow"]``; needs ``pip install "nanove
 module is the only place that imports mlflow, and it is imported only when "mlflow" is selected.
 
 What lands where (docs/mlflow.md has the user's view):
-- one MLflow run per run directory, in experiment ``tracking.experiment``, named ``tracking.run_name``
-  or the run directory's name;
+- one MLflow run per run directory, in experiment ``[tracking.mlflow] experiment``, named
+  ``[tracking.mlflow] run_name`` or the run directory's name;
 - params: the resolved config flattened to dotted keys (``actor.lr``); tags: plugin versions,
   ``nanoverl.run_dir``, ``nanoverl.checkpoint_dir``; artifacts: ``config.json`` and
   ``samples/<name>_step_<N>.json`` tables;
@@ -45,6 +45,7 @@ from mlflow.utils.validation import (MAX_ENTITY_KEY_LENGTH, MAX_METRICS_PER_BATC
 
 from ..config import Config
 from ..errors import UserError
+from .mlflow_settings import MlflowSettings
 
 # MLflow's HTTP client retries a failed request for minutes by default, logging each retry. These
 # bound the tracker's own calls (values the user exported win): no HTTP-level retry, since a failed
@@ -60,6 +61,12 @@ UI_PORT = 5000
 def make_tracker(config: Config, run_dir: Path, state: dict | None) -> MlflowTracker:
     """The hook's factory: ``state`` is a previous ``state_dict()`` when resuming, else None."""
     return MlflowTracker(config, Path(run_dir), state)
+
+
+def mlflow_settings(config: Config) -> MlflowSettings:
+    """config's [tracking.mlflow] table (the defaults for a Config built in code, without `load_config`)."""
+    settings = config.tracking.settings.get("mlflow")
+    return settings if isinstance(settings, MlflowSettings) else MlflowSettings()
 
 
 EXPERIMENT_KIND = "mlflow.experimentKind"
@@ -81,9 +88,9 @@ class MlflowTracker:
     """Steps kept for a later retry while the store is unreachable; older ones are dropped."""
 
     def __init__(self, config: Config, run_dir: Path, state: dict | None):
-        tracking = config.tracking
+        settings = mlflow_settings(config)
         self.run_dir = run_dir.resolve()
-        self.uri = resolve_tracking_uri(tracking.mlflow_uri, self.run_dir)
+        self.uri = resolve_tracking_uri(settings.uri, self.run_dir)
         self.client = MlflowClient(tracking_uri=self.uri)
         self._pending: list[tuple[int, list[Metric]]] = []  # (step, metrics not yet accepted by the store)
         self._logged_before: dict[str, int] = {}             # key -> highest step logged before this resume
@@ -94,22 +101,22 @@ class MlflowTracker:
         run_config = _read_run_config(self.run_dir, config)
         try:
             with _http_limits(START_HTTP_LIMITS):
-                self.experiment_id = self._experiment(tracking.experiment)
+                self.experiment_id = self._experiment(settings.experiment)
                 resumed = self._start_run((state or {}).get("run_id"))
                 run = resumed or self.client.create_run(
-                    self.experiment_id, run_name=tracking.run_name or self.run_dir.name,
+                    self.experiment_id, run_name=settings.run_name or self.run_dir.name,
                     tags={"mlflow.user": _user(), "mlflow.source.name": "nanoverl-train"})  # the UI's columns
                 self.run_id, self.run_name = run.info.run_id, run.info.run_name
         except UserError:
             raise
         except Exception as exc:
             raise UserError(f"mlflow tracking store {_redact(self.uri)} cannot be used ({_reason(exc)}); start or "
-                            "fix it, set tracking.mlflow_uri (or $MLFLOW_TRACKING_URI) to a reachable store, or "
+                            "fix it, set [tracking.mlflow] uri (or $MLFLOW_TRACKING_URI) to a reachable store, or "
                             'remove "mlflow" from tracking.trackers') from None
         with _http_limits(RUN_HTTP_LIMITS):
             self._log_run_info(flat, run_config, resumed)
         verb = "continuing" if resumed else "logging"
-        print(f"mlflow: {verb} run {self.run_name!r} ({self.run_id}) in experiment {tracking.experiment!r}; "
+        print(f"mlflow: {verb} run {self.run_name!r} ({self.run_id}) in experiment {settings.experiment!r}; "
               f"browse: {self.browse_hint()}", flush=True)
 
     # ---- start ----------------------------------------------------------------------------------------
@@ -128,7 +135,8 @@ class MlflowTracker:
         if experiment.lifecycle_stage != "active":
             raise UserError(f"mlflow experiment {name!r} in {_redact(self.uri)} is deleted; restore it "
                             f"(MLFLOW_TRACKING_URI={shlex.quote(_redact(self.uri))} mlflow experiments restore "
-                            f"--experiment-id {experiment.experiment_id}) or set tracking.experiment to another name")
+                            f"--experiment-id {experiment.experiment_id}) or set [tracking.mlflow] experiment to "
+                            "another name")
         if EXPERIMENT_KIND not in experiment.tags:                  # never overrides a kind a user chose
             self.client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, "custom_model_development")
         return experiment.experiment_id
@@ -286,7 +294,7 @@ def default_tracking_uri(run_dir: Path) -> str:
 
 
 def resolve_tracking_uri(configured: str, run_dir: Path) -> str:
-    """tracking.mlflow_uri, else $MLFLOW_TRACKING_URI, else the embedded store. A sqlite file's folder is
+    """[tracking.mlflow] uri, else $MLFLOW_TRACKING_URI, else the embedded store. A sqlite file's folder is
     created; failing that is a UserError."""
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI", "") or default_tracking_uri(run_dir)
     if _sqlite_file(uri):
@@ -295,7 +303,7 @@ def resolve_tracking_uri(configured: str, run_dir: Path) -> str:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"mlflow tracking store {uri} cannot be created ({exc.strerror or exc}: {folder}); "
-                            "set tracking.mlflow_uri to a writable location, or remove \"mlflow\" from "
+                            "set [tracking.mlflow] uri to a writable location, or remove \"mlflow\" from "
                             "tracking.trackers") from None
     return uri
 

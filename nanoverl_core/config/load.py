@@ -20,7 +20,7 @@ import yaml
 from ..errors import ConfigError
 from .components import COMPONENTS, component_settings
 from .schema import Config
-from .structure import check_keys, structure_as, user_fields
+from .structure import check_keys, check_moved_keys, structure_as, user_fields
 
 if TYPE_CHECKING:
     from ..plugins import Registry
@@ -38,7 +38,8 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...
     """`load_config` of an already parsed mapping (a run's config.json holds one under "config")."""
     data = json.loads(json.dumps(data))  # a private copy: overrides and table extraction edit it
     for override in overrides:
-        apply_override(data, override)
+        apply_override(data, override, registry=registry)
+    check_moved_keys(data)
     _drop_disabled_parts(data, overrides)
     tables = _pop_component_tables(data)
     check_keys(data, Config, root=Config)
@@ -107,27 +108,33 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _field_type(parts: list[str]) -> Any:
-    """The declared type at a dotted path, or None if the path is not in the schema."""
+def _field_type(parts: list[str], registry: Registry | None) -> Any:
+    """The declared type at a dotted path, or None if the path is not in the schema. The second part
+    may name a registered component of the section (`tracking.mlflow.run_name`): its settings class."""
     cls: Any = Config
-    for part in parts:
+    kind = COMPONENTS.get(parts[0])
+    for i, part in enumerate(parts):
         if not (isinstance(cls, type) and attrs.has(cls)):
             return None
         field = attrs.fields_dict(cls).get(part)
-        if field is None:
+        if field is None and i == 1 and registry is not None and part in registry.entries.get(kind, {}):
+            cls = registry.settings_class(kind, part)  # [<section>.<name>]: None if it takes no settings
+        elif field is None:
             return None
-        cls = field.type
+        else:
+            cls = field.type
     return cls
 
 
-def apply_override(data: dict[str, Any], override: str) -> None:
+def apply_override(data: dict[str, Any], override: str, *, registry: Registry | None = None) -> None:
     """Apply one `section.key=value` override. Values are parsed as YAML scalars or lists, except
-    for string keys, which take the text as written (`trainer.output_dir=runs/007`)."""
+    for string keys, which take the text as written (`trainer.output_dir=runs/007`); with `registry`,
+    a component's settings are typed too (`tracking.mlflow.run_name=007` stays text)."""
     key, sep, value = override.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {override!r} must look like section.key=value")
     parts = key.strip().split(".")
-    ftype = _field_type(parts)
+    ftype = _field_type(parts, registry)
     is_text = ftype is str or (get_origin(ftype) is Literal and all(isinstance(a, str) for a in get_args(ftype)))
     node = data
     for part in parts[:-1]:

@@ -29,6 +29,10 @@ KLEstimator = Literal[KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS
 """An estimator, or one with a "+" suffix: its value with the k2 gradient (straight-through)."""
 
 
+DType = Literal["float32", "bfloat16", "float16"]
+"""A parameter dtype (model.dtype, and the plugins' settings that take one)."""
+
+
 def _settings(**kwargs):
     """A component's typed settings: not a key the user writes under this name (see `component_settings`)."""
     return attrs.field(default=None, init=False, **kwargs)
@@ -97,7 +101,13 @@ TargetModules = str | list[str]
 
 @attrs.define
 class LoraConfig:
-    """[model.lora]: train a low-rank adapter (peft) instead of every weight; needs nanoverl-hf[lora]."""
+    """[model.lora]: train a low-rank adapter (peft) instead of every weight; needs nanoverl-hf[lora].
+
+    Read by every worker that trains an adapter (a factory with `supports_lora`: nanoverl-hf's and the
+    sharded one; any other worker with enable = true is a ConfigError naming those) and by the rollouts
+    that sync its weights. A model section, not one worker's table: it describes the model being
+    trained whichever backend trains it, which is where verl (`model.lora_rank`) and TRL
+    (`ModelConfig.use_peft`, `lora_r`) keep it too."""
 
     enable: bool = False
     """Train a LoRA adapter on the frozen base model (policy, and the critic with a full value head);
@@ -118,14 +128,14 @@ class ModelConfig:
     """A local Hugging Face model folder, or a .gguf file (docs/backends.md); empty for the debug worker."""
     tokenizer_path: str = ""
     """Tokenizer folder if not the model folder."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: DType = "float32"
     """Parameter dtype for training and rollout."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Allow model code from the model folder to run (off: only transformers' own classes)."""
     lora: LoraConfig = attrs.Factory(LoraConfig)
-    """LoRA: rank, alpha, dropout, target modules (off by default: full fine-tuning)."""
+    """[model.lora], LoRA through peft for the workers that support it (off by default: full fine-tuning)."""
 
 
 @attrs.define
@@ -149,10 +159,6 @@ class RolloutConfig:
     """Validation temperature; 0 is greedy."""
     micro_batch_size: int = 0
     """Rows per generate call; 0 generates the whole batch at once."""
-    share_prompts: bool = True
-    """A rollout that prefills its prompts itself (`hf`): each distinct prompt of a generate call is
-    prefilled once and its KV cache copied to the rows that repeat it (an engine with its own prefix cache
-    needs no key)."""
     settings: Any = _settings()
     """The selected rollout's own settings, written as [rollout.<name>] (see `component_settings`)."""
 
@@ -168,7 +174,7 @@ class WorkerConfig:
 @attrs.define
 class OptimConfig:
     lr: float = 1e-5
-    """AdamW learning rate."""
+    """AdamW learning rate: the critic's default (ActorConfig sets the policy's own, 1e-6, at its field)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     betas: list[float] = attrs.Factory(lambda: [0.9, 0.999])
@@ -258,6 +264,13 @@ class ReferenceConfig:
 
 
 Level = Literal["off", "token", "sequence", "geometric"]
+CORRECTION_LEVELS: tuple[str, ...] = get_args(Level)
+"""The levels of is_level and rs_level (`algos.compute_rollout_correction` checks its arguments against
+them); the one list of these names."""
+RsKL = Literal["off", "token_k2", "token_k3", "seq_sum_k2", "seq_sum_k3", "seq_mean_k2", "seq_mean_k3",
+               "seq_max_k2", "seq_max_k3"]
+RS_KL_OPTIONS: tuple[str, ...] = get_args(RsKL)
+"""The choices of rs_kl; the one list of these names."""
 
 
 @attrs.define
@@ -279,8 +292,7 @@ class RolloutCorrectionConfig:
     """Upper bound of the rejection band (on pi_train / pi_rollout)."""
     rs_threshold_low: float | None = None
     """Lower bound of the rejection band; unset: 1 / rs_threshold_high."""
-    rs_kl: Literal["off", "token_k2", "token_k3", "seq_sum_k2", "seq_sum_k3", "seq_mean_k2", "seq_mean_k3",
-                   "seq_max_k2", "seq_max_k3"] = "off"
+    rs_kl: RsKL = "off"
     """Also drop tokens / sequences whose k2 or k3 KL estimate (per token, or its sum / mean / max) exceeds rs_kl_threshold."""
     rs_kl_threshold: float = 0.0
     """Threshold of rs_kl (positive when rs_kl is on)."""
@@ -408,14 +420,9 @@ class EnvironmentConfig:
 class TrackingConfig:
     trackers: list[str] = attrs.Factory(lambda: ["console", "jsonl", "plot"])
     """Registered trackers: console, jsonl (metrics.jsonl), plot (metrics.png), mlflow (a tracking store)."""
-    experiment: str = "nanoverl"
-    """Experiment name (MLflow)."""
-    mlflow_uri: str = ""
-    """Empty: $MLFLOW_TRACKING_URI if set, else the embedded local store (sqlite next to the runs)."""
-    run_name: str = ""
-    """Run name; empty uses the run directory's name."""
     settings: dict[str, Any] = attrs.field(factory=dict, init=False)
-    """Each selected tracker's own settings by tracker name, written as [tracking.<name>]."""
+    """Each selected tracker's own settings by tracker name, written as [tracking.<name>] (the MLflow
+    store, experiment and run name: [tracking.mlflow])."""
 
 
 @attrs.define

@@ -60,6 +60,46 @@ def _known_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
+MOVED_KEYS: dict[str, str] = {
+    "tracking.mlflow_uri": "tracking.mlflow.uri",
+    "tracking.experiment": "tracking.mlflow.experiment",
+    "tracking.run_name": "tracking.mlflow.run_name",
+    "rollout.share_prompts": "rollout.hf.share_prompts",
+}
+"""Keys that moved into the table of the one component that reads them: old path -> new path. A config
+that still writes an old key stops with one line naming the new one; there is no silent alias, so each
+key keeps one name (and one line of docs/config.md)."""
+
+
+def _parent(data: dict[str, Any], path: str) -> tuple[dict[str, Any] | None, str]:
+    """The mapping that holds a dotted path's last key (None if a parent is missing), and that key."""
+    *parents, key = path.split(".")
+    for part in parents:
+        data = data.get(part) if isinstance(data, dict) else None
+    return (data if isinstance(data, dict) else None), key
+
+
+def check_moved_keys(data: dict[str, Any]) -> None:
+    """The first old key of MOVED_KEYS in `data` (a file with its overrides applied), as one ConfigError
+    that says where the key lives now, in a file and on the command line. The value is not echoed: a
+    store URI may hold a password."""
+    for old, new in MOVED_KEYS.items():
+        node, key = _parent(data, old)
+        if node is not None and key in node:
+            table, _, name = new.rpartition(".")
+            raise ConfigError(f"{old} moved: write it as [{table}] {name} = ... (as an override: {new}=...)")
+
+
+def drop_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` without the old keys of MOVED_KEYS: for a run's config.json written before they moved
+    (it holds every key), read by a command that needs none of them (export builds the policy)."""
+    for old in MOVED_KEYS:
+        node, key = _parent(data, old)
+        if node is not None:
+            node.pop(key, None)
+    return data
+
+
 def check_keys(data: dict[str, Any], cls: type, prefix: str = "", extra: tuple[str, ...] = (), *,
                root: type) -> None:
     """Unknown keys, reported with their full path and the closest known key (`extra`: more valid paths;

@@ -67,19 +67,19 @@ def importable_ref(fn: Callable) -> str:
     return f"{module}:{qualname}"
 
 
-def load_function(spec: ComponentSpec, registry=None) -> Callable:
-    """The reward function of `spec`: the file is imported, a ref imported, else the name is resolved."""
-    if spec.ref and not spec.file:
+def load_function(spec: ComponentSpec) -> Callable:
+    """The reward function of `spec`: its file imported, or its ref ("module:qualname", which the trainer
+    took from the registered function). A bare registry name is the caller's to resolve with the registry
+    it holds (`RewardScorer`, `load_reward_fn`): this module discovers no plugins, in the trainer or in a
+    reward worker."""
+    if not spec.file and not spec.ref:
+        raise ValueError(f"reward {spec.label!r} has no file and no ref; resolve its name with the registry")
+    if not spec.file:
         module, _, qualname = spec.ref.partition(":")
         obj: Any = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
         return obj
-    if not spec.file:
-        if registry is None:
-            from ..plugins import load_registry
-            registry = load_registry()
-        return registry.get("reward", spec.name, key="reward.name")
     path = Path(spec.file)
     if not path.is_file():
         raise ConfigError(f"reward.file = {spec.file!r} does not exist; fix the path or use reward.name")

@@ -66,8 +66,10 @@ def _serve(fd: int, parent: int) -> int:
             import resource
             limit = memory_limit_mb * 2**20
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        fns = [load_function(spec) for spec in specs]
-        styles = [call_style(fn) for fn in fns]
+        # Only a file or a ref can be loaded here; a reward registered in code without one (a closure) is
+        # called in the trainer (RewardScorer.in_trainer), never here.
+        fns = [load_function(spec) if spec.file or spec.ref else None for spec in specs]
+        styles = [call_style(fn) if fn is not None else "" for fn in fns]
     except BaseException as exc:
         conn.send(("init_error", f"{type(exc).__name__}: {exc}"))
         return 1

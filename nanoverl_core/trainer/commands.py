@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..config import Config, config_from_dict
+from ..config import Config, config_from_dict, drop_moved_keys
 from ..data import load_prompts
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
@@ -64,7 +64,7 @@ def run_export(source: Path, out: Path, registry: Registry) -> Path:
         data = json.loads(run_config.read_text())["config"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise CheckpointError(f"{run_config} is not a nanoverl run config (no 'config' mapping)") from None
-    config = config_from_dict(data, registry=registry)
+    config = config_from_dict(drop_moved_keys(data), registry=registry)  # a run from before a key moved
     factory = registry.get("worker", config.worker.name, key="worker.name")
     exporter = getattr(factory, "export_checkpoint", None)
     if exporter is None:

@@ -4,7 +4,7 @@ GRPO-style batches repeat every prompt `rollout.n` times. A module whose forward
 (`cache=` in transformers >= 5.2x, `past_key_values=` before, with `use_cache=`) can run each distinct
 prompt once and continue every row from its prompt's cache. The training passes use it
 (`actor.share_prompts`, `critic.share_prompts`: `TorchActor` / `TorchCritic`'s `module_inputs`) and so
-does the hf rollout's prefill (`rollout.share_prompts`).
+does the hf rollout's prefill (`[rollout.hf] share_prompts`).
 """
 
 from __future__ import annotations

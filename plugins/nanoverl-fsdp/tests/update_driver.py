@@ -72,7 +72,8 @@ def fixed_batch(tokenizer, prompts: int = 4, seed: int = 1) -> RLBatch:
         batch["response_mask"][i, :r] = 1
     mask = batch["response_mask"]
     batch["advantages"] = torch.randn(rows, R, generator=g) * mask
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    from nanoverl_core.testing import with_loss_mask
+    with_loss_mask(batch)                                          # every sampled token counts
     batch["returns"] = torch.randn(rows, R, generator=g) * mask
     batch["old_log_probs_offset"] = 0.3 * torch.randn(rows, R, generator=g) * mask   # ratios away from 1: clipping
     return batch

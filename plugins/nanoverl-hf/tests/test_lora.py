@@ -33,7 +33,8 @@ def advantage_batch(workers, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
     batch["advantages"] = torch.randn(batch["response_mask"].shape, generator=gen) * batch["response_mask"]
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    from nanoverl_core.testing import with_loss_mask
+    with_loss_mask(batch)                                          # every sampled token counts
     return batch
 
 

@@ -12,6 +12,7 @@ from conftest import prompt_batch
 from nanoverl_core import SamplingParams
 from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.data import collate, load_prompts
+from nanoverl_core.testing import with_loss_mask
 from nanoverl_hf.rollout import HFRollout, make_rollout
 from nanoverl_hf.workers import make_workers
 
@@ -141,7 +142,7 @@ def train_to_answer(workers, answer: list[int], steps: int = 15):
     batch["responses"] = torch.tensor([answer, answer])
     batch["response_mask"] = torch.ones(2, len(answer))
     batch["advantages"] = torch.ones(2, len(answer))
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    with_loss_mask(batch)                                          # every sampled token counts
     for _ in range(steps):
         batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
         workers.actor.update(batch, vanilla)
@@ -252,13 +253,12 @@ def test_shared_prefix_generation_equals_plain_generation(tiny_dir, make_config,
 
 
 def test_each_distinct_prompt_prefix_is_computed_once(tiny_dir, make_config):
-    cfg = make_config(tiny_dir)
-    workers = make_workers(cfg)
-    rollout = make_rollout(cfg, workers)
+    workers = make_workers(make_config(tiny_dir))
     batch = prompt_batch(workers.tokenizer, GROUPS)                         # 16 rows, 4 distinct, width 7
     fed = {}
-    for share in (True, False):
-        rollout.share_prefix, shapes = share, []
+    for share in (True, False):                                             # the key, through load_config
+        cfg = make_config(tiny_dir, f"rollout.hf.share_prompts={str(share).lower()}")
+        rollout, shapes = make_rollout(cfg, workers), []
         hook = workers.actor.module.get_input_embeddings().register_forward_pre_hook(
             lambda module, args: shapes.append(tuple(args[0].shape)))
         try:

@@ -12,7 +12,7 @@ import torch
 from conftest import prompt_batch, with_responses
 
 from nanoverl_core.algos.losses import vanilla
-from nanoverl_core.testing import assert_same_adam_step
+from nanoverl_core.testing import assert_same_adam_step, with_loss_mask
 from nanoverl_hf.workers import make_workers
 
 N = 3                                     # samples per prompt
@@ -28,7 +28,7 @@ def grpo_batch(tok, seed: int = 0):
                  for _ in range(len(PROMPTS) * N)]
     batch = with_responses(prompt_batch(tok, [p for p in PROMPTS for _ in range(N)]), responses, tok.pad_token_id)
     batch["advantages"] = torch.randn(batch["response_mask"].shape, generator=gen) * batch["response_mask"]
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    with_loss_mask(batch)                                          # every sampled token counts
     batch["returns"] = torch.randn(batch["response_mask"].shape, generator=gen) * batch["response_mask"]
     return batch
 

@@ -8,6 +8,7 @@ from conftest import prompt_batch, with_responses
 
 from nanoverl_core import ConfigError
 from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.testing import with_loss_mask
 from nanoverl_hf.workers import make_workers
 
 
@@ -118,7 +119,7 @@ def test_actor_checkpoint_round_trip_keeps_tied_embeddings(tiny_dir, make_config
     actor, tok = workers.actor, workers.tokenizer
     batch = with_responses(prompt_batch(tok, ["12=", "34="]), [[5, 6, 2], [7, 2]], tok.pad_token_id)
     batch["advantages"] = torch.tensor([[1.0, 1, 1], [-1, -1, 0]])
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    with_loss_mask(batch)                                          # every sampled token counts
     batch["old_log_probs"] = actor.compute_log_probs(batch)
     actor.update(batch, vanilla)                                                             # optimizer state exists
     actor.save(tmp_path / "actor")

@@ -19,6 +19,7 @@ from conftest import kept, prompt_batch  # noqa: E402
 
 from nanoverl_core import ConfigError, SamplingParams  # noqa: E402
 from nanoverl_core.algos.losses import vanilla  # noqa: E402
+from nanoverl_core.testing import with_loss_mask  # noqa: E402
 from nanoverl_hf.rollout import HFRollout  # noqa: E402
 from nanoverl_hf.workers import make_workers  # noqa: E402
 from nanoverl_vllm.rollout import VLLMRollout, make_rollout  # noqa: E402
@@ -172,7 +173,7 @@ def train_to_answer(workers, answer: list[int], steps: int = 40):
     batch["responses"] = torch.tensor([answer, answer])
     batch["response_mask"] = torch.ones(2, len(answer))
     batch["advantages"] = torch.ones(2, len(answer))
-    batch["loss_mask"] = batch["response_mask"].clone()            # every sampled token counts
+    with_loss_mask(batch)                                          # every sampled token counts
     for _ in range(steps):
         batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
         workers.actor.update(batch, vanilla)

@@ -1,10 +1,8 @@
 """[worker.fsdp]: FSDP2 mixed precision (no torch import: checking a config stays fast)."""
 
-from typing import Literal
-
 import attrs
 
-DType = Literal["float32", "bfloat16", "float16"]
+from nanoverl_core.config import DType
 
 
 @attrs.define

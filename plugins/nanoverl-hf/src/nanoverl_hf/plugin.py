@@ -11,8 +11,9 @@ def register_workers(register):
 
 @hookimpl
 def register_rollouts(register):
-    register("hf", "nanoverl_hf.rollout:make_rollout",
-             description="batched transformers generate() with KV cache, sharing the actor's weights")
+    register("hf", "nanoverl_hf.rollout:make_rollout", settings="nanoverl_hf.settings:HFRolloutSettings",
+             description="batched transformers generate() with KV cache, sharing the actor's weights "
+                         "([rollout.hf] share_prompts)")
 
 
 @hookimpl

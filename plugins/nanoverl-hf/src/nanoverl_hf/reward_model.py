@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
+from nanoverl_core.config import DType
 from nanoverl_core.errors import RewardError
 
 
@@ -44,7 +45,7 @@ class RewardModelSettings:
     """Pairs per forward pass (bounds the reward model's activation memory)."""
     device: str = "auto"
     """"auto" (this process's GPU, cuda:LOCAL_RANK under torchrun, when there is one; else cpu), "cpu", "cuda:N"."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: DType = "float32"
     """Parameter dtype of the reward model."""
     max_length: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
     """Tokens per pair; longer pairs keep their end (the response) and lose the start of the prompt."""

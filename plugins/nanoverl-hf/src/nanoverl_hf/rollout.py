@@ -9,6 +9,7 @@ Shared prompt prefixes: GRPO repeats every prompt rollout.n times, and prefillin
 n times the work (for ~40-token prompts and 32 new tokens, a large share of the rollout's FLOPs). So each
 micro-batch runs every distinct prompt but its last token once, copies that KV cache to the rows that
 repeat it, and lets generate continue from it (feeding each row only its last prompt token).
+`[rollout.hf] share_prompts = false` turns this off (settings.py).
 
 Sampling follows the rollout.* keys only: the model's generation_config.json defaults (repetition
 penalty, top_k=50, ...) are replaced by a neutral config when the worker loads the model.
@@ -24,6 +25,7 @@ from nanoverl_core.rollout import stop_token_ids
 from nanoverl_core.workers import cache_keyword, forward_keyword, prompt_cache
 
 from .models import load_policy, neutral_generation_config, resolve_source
+from .settings import HFRolloutSettings
 
 
 def _is_sharded(module: torch.nn.Module) -> bool:
@@ -54,7 +56,10 @@ class HFRollout:
     def __init__(self, config: Config, workers, *, share: bool | None = None):
         """`share=None` shares the actor's module whenever that is safe; tests force either mode."""
         self.config = config
-        self.share_prefix = config.rollout.share_prompts
+        settings = config.rollout.settings
+        if not isinstance(settings, HFRolloutSettings):  # a config of another rollout (vllm's tests compare)
+            settings = HFRolloutSettings()
+        self.share_prefix = settings.share_prompts
         """Prefill each distinct prompt once per micro-batch (see the module docstring); False: plain generate."""
         self.tokenizer = workers.tokenizer
         actor = workers.actor
