@@ -107,7 +107,15 @@ class Critic(Protocol):
 
 @runtime_checkable
 class Rollout(Protocol):
-    """A generation engine."""
+    """A generation engine.
+
+    Optional attributes:
+      * ``eos_token_ids``: the ids that end a response; a multi-turn episode's model turn that ends with
+        one was not cut (default: the tokenizer's EOS and the generation config's, `rollout.stop_token_ids`).
+      * ``awake``: a context manager the multi-turn driver (nanoverl_core.env.EpisodeRollout) holds around
+        one batch of episodes, so an engine that frees memory after each `generate` (vLLM's sleep mode)
+        stays up across the turns.
+    """
 
     returns_log_probs: bool
     """Whether `generate` adds `rollout_log_probs` (what rollout correction needs)."""

@@ -210,9 +210,17 @@ def test_scores_add_the_answer_reward_and_the_environments_turn_rewards(tmp_path
     assert torch.allclose(off.score_batch(batch, workers.tokenizer)[0]["score"], torch.full((6,), 3.0))
 
 
-def test_the_multiturn_twin_of_the_copy_task_learns_through_the_cli(tmp_path):
-    proc = run_cli("--config", TURNS, QUIET, f"trainer.output_dir={tmp_path}", "trainer.rollout_samples=2")
+@pytest.fixture(scope="module")
+def turns_run(tmp_path_factory):
+    """examples/configs/debug_copy_turns.toml, trained as a user runs it (~1 min)."""
+    run_dir = tmp_path_factory.mktemp("turns") / "run"
+    proc = run_cli("--config", TURNS, QUIET, f"trainer.output_dir={run_dir}", "trainer.rollout_samples=2")
     assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+def test_the_multiturn_twin_of_the_copy_task_learns_through_the_cli(turns_run):
+    tmp_path = turns_run
     rows = read_metrics(tmp_path)
     # measured (seed 0): val 0.59 at step 100 and 0.94 at 150; the first steps' reward is ~0.1
     assert rows[-1]["val/reward/mean"] >= 0.8, rows[-1]
@@ -220,6 +228,18 @@ def test_the_multiturn_twin_of_the_copy_task_learns_through_the_cli(tmp_path):
     assert rows[-1]["episode/turns/mean"] == 2.0 and rows[-1]["episode/env_tokens/mean"] == 1.0
     dump = [json.loads(line) for line in (tmp_path / "rollouts" / "step_150.jsonl").read_text().splitlines()]
     assert [t["role"] for t in dump[0]["episode"]] == ["model", "environment", "model"]
+
+
+def test_eval_runs_the_same_episodes_as_validation(turns_run):
+    """`nanoverl-train eval` of the last checkpoint: greedy episodes score exactly what validation logged at
+    that step (the same rollout, environment and scoring), and more than the untrained model."""
+    scores = {}
+    for name, extra in (("base", []), ("trained", ["--checkpoint", str(turns_run)])):
+        proc = run_cli("eval", "--config", TURNS, "--json", *extra)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        scores[name] = json.loads(proc.stdout)["results"]["greedy"]["reward/mean"]
+    assert scores["trained"] == pytest.approx(read_metrics(turns_run)[-1]["val/reward/mean"])
+    assert scores["trained"] > scores["base"] + 0.3, scores
 
 
 KILL_DRIVER = '''
