@@ -45,7 +45,7 @@ def contenders(name: str, model: Path, tmp: Path, args):
     import torch
 
     from nanoverl_core import RLBatch, SamplingParams, load_config, load_registry
-    from nanoverl_core.env import EpisodeRollout
+    from nanoverl_core.env import EpisodeRollout, InProcess
     from nanoverl_hf.workers import make_workers
 
     data = tmp / "data.jsonl"
@@ -62,7 +62,7 @@ def contenders(name: str, model: Path, tmp: Path, args):
     else:
         from nanoverl_hf.rollout import HFRollout
         engine = HFRollout(cfg, workers)
-    episodes = EpisodeRollout(engine, lambda row: Answers(), cfg, workers.tokenizer, name="answers")
+    episodes = EpisodeRollout(engine, InProcess(lambda row: Answers(), None, 0), cfg, workers.tokenizer, name="answers")
     tok = workers.tokenizer
     ids = [tok.encode(f"{i:04d}=") for i in range(args.rows)]
     prompts = torch.tensor(ids)

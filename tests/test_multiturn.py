@@ -18,7 +18,7 @@ from nanoverl_core.builtins.debug_settings import DebugRolloutSettings
 from nanoverl_core.builtins.environments import calculate, calculator
 from nanoverl_core.config import Config
 from nanoverl_core.data import collate, load_prompts
-from nanoverl_core.env import EnvStep, EpisodeRollout, Turn, episode_metrics
+from nanoverl_core.env import EnvStep, EpisodeRollout, InProcess, Turn, episode_metrics
 from nanoverl_core.env.tools import parse_calls
 from nanoverl_core.errors import EpisodeError
 from nanoverl_core.rollout import SamplingParams
@@ -73,7 +73,8 @@ def _setup(tmp_path, *, budget=24, max_turns=3, make_env=lambda row: Echo(), **e
     config.environment = attrs.evolve(config.environment, name="echo", max_turns=max_turns, **env)
     workers = make_workers(config)
     engine = Recorder(make_rollout(config, workers))
-    rollout = EpisodeRollout(engine, make_env, config, workers.tokenizer, name="echo")
+    rollout = EpisodeRollout(engine, InProcess(make_env, None, config.environment.timeout_s), config,
+                             workers.tokenizer, name="echo")
     data = load_prompts([str(COPY / "train.jsonl")], config.data, workers.tokenizer)
     batch = collate(data, list(range(6)), workers.tokenizer.pad_token_id, "data_source")
     return config, workers, engine, rollout, batch
@@ -177,10 +178,10 @@ def test_an_environment_that_hangs_or_answers_nonsense_is_a_failure_not_a_stall(
         def step(self, turn):
             return {"observation": "x"}
 
-    for make_env, needle in ((lambda row: Hangs(), "turn 0: environment 'echo' (turn 0) timed out after "
-                                                   "environment.timeout_s=0.5s"),
+    for make_env, needle in ((lambda row: Hangs(), "turn 0: timed out after environment.timeout_s=0.5s"),
                              (lambda row: Nonsense(), "turn 0: step() returned dict, not nanoverl_core.env.EnvStep"),
-                             (lambda row: Echo(answer="x"), "turn 0: the debug tokenizer has no token for ['x']")):
+                             (lambda row: Echo(answer="x"), "turn 0: its answer cannot be rendered: the debug "
+                                                            "tokenizer has no token for ['x']")):
         _, _, _, rollout, batch = _setup(tmp_path, timeout_s=0.5, make_env=make_env)
         start = time.perf_counter()
         with pytest.raises(EpisodeError) as info:
@@ -321,6 +322,32 @@ def test_a_failing_environment_plugin_through_the_cli_is_one_line_or_scored_zero
     failed = sum(row["episode/errors"] for row in read_metrics(tmp_path / "b"))
     written = (tmp_path / "b" / "reward_errors.jsonl").read_text().splitlines()
     assert failed > 0 and len(written) == failed and all('"reward": "environment"' in line for line in written)
+
+
+@pytest.mark.parametrize("name, kind", [("crashes_on_seven", "exited with status 3"),
+                                        ("hangs_on_seven", "timed out after environment.timeout_s=2s")])
+def test_an_environment_that_crashes_or_hangs_its_worker_costs_episodes_not_the_run(faults_site, tmp_path, name,
+                                                                                     kind):
+    """In worker processes (environment.workers, the default 2): the episode whose environment kills its worker
+    or hangs fails with that reason, the other episodes its worker held are lost, a fresh worker takes the next
+    batch, and the run goes on (on_error = zero) or stops with one line naming the row and turn (raise)."""
+    def env(run: str):                                  # one episode of the run fails: the first that can
+        return cli_env(PYTHONPATH=str(faults_site), NANOVERL_TEST_ONCE=str(tmp_path / f"{run}.once"))
+    args = ["--config", TURNS, QUIET, "trainer.total_steps=2", "trainer.val_every=0", f"environment.name={name}",
+            "environment.timeout_s=2", "environment.max_turn_tokens=1", "trainer.save_every=0"]
+    proc = run_cli(*args, f"trainer.output_dir={tmp_path / 'a'}", env=env("a"))
+    assert_user_error(proc, f"environment '{name}' on data row", "turn 1: ", kind)
+    proc = run_cli(*args, "environment.on_error=zero", f"trainer.output_dir={tmp_path / 'b'}", env=env("b"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = read_metrics(tmp_path / "b")
+    errors = [json.loads(line) for line in (tmp_path / "b" / "reward_errors.jsonl").read_text().splitlines()]
+    assert len(errors) == sum(r["episode/errors"] for r in rows) > 1
+    failed = [e for e in errors if e["kind"] != "lost"]
+    assert len(failed) == 1 and failed[0]["kind"] == ("crash" if "exited" in kind else "timeout")
+    assert failed[0]["row"]["target"].startswith("7") and kind in failed[0]["message"]
+    # the episodes its worker held were lost (the others of a 2-worker pool: about half); the rest were scored
+    assert 0 < sum(r["episode/errors"] for r in rows) <= 128 and rows[-1]["episode/errors"] == 0
+    assert rows[-1]["reward/mean"] > 0
 
 
 @pytest.fixture(scope="module")

@@ -406,6 +406,9 @@ class EnvironmentConfig:
     score_answer: bool = True
     """Also score the last model turn's text with [reward] (added with weight 1); false: the
     environment's rewards alone."""
+    workers: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    """Worker processes that hold the episodes' environments (one that crashes or hangs costs its episodes,
+    never the run); 0 runs them in the trainer process (for debugging: no crash isolation)."""
     timeout_s: float = 30.0
     """Time limit in seconds of each environment call (start, step, close); 0: none."""
     on_error: Literal["raise", "zero"] = "raise"

@@ -25,7 +25,9 @@ What `generate` returns, beyond a single-turn rollout's columns (nanoverl_core.r
     episode               per row, the turns in order: who said what, and each turn's reward
     episode_info          per row, the environment's counters summed over turns (tool_calls, ...)
 
-An environment that raises, hangs past `environment.timeout_s`, returns something that is not an
+The environments live where `calls` runs them (env/pool.py: worker processes, or this process), one
+round of calls per stage: every episode's start, each turn's steps, the closes. An environment that
+raises, hangs past `environment.timeout_s`, kills its worker, returns something that is not an
 `EnvStep`, or answers with something that cannot be rendered stops the run naming the row and turn
 (`environment.on_error = "raise"`, exit 2), or ends that episode with score 0, counted in
 `episode/errors` and written to reward_errors.jsonl (`"zero"`). A malformed tool call is not such a
@@ -34,11 +36,10 @@ failure: it is the model's mistake, and a tool environment answers it with an er
 
 from __future__ import annotations
 
-import signal
+import itertools
 import sys
-import threading
 from collections import Counter
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any
 
 import attrs
@@ -47,63 +48,11 @@ import torch
 from ..batch import RLBatch
 from ..errors import EpisodeError, UserError
 from ..rollout import SamplingParams, stop_token_ids
+from .contract import EnvStep, Turn
 from .render import render_answer
 
 SEED_STRIDE = 1_000_003
 """Turn t of a row seeded by a `sample_seed` column samples with `sample_seed + t * SEED_STRIDE`."""
-
-
-@attrs.frozen
-class Turn:
-    """One model turn, as an environment receives it."""
-
-    text: str
-    """The turn decoded without special tokens."""
-    token_ids: tuple[int, ...]
-    """Exactly the ids the engine sampled, its stop token included."""
-    index: int
-    """0 for the first turn."""
-    truncated: bool = False
-    """The turn ended without a stop token (environment.max_turn_tokens, or the budget)."""
-
-
-@attrs.frozen
-class EnvStep:
-    """An environment's answer to a model turn."""
-
-    observation: str | list[dict[str, Any]] = ""
-    """Text appended as it is, or chat messages ({"role", "content"}) rendered by the chat template."""
-    reward: float = 0.0
-    """This turn's reward (added to the episode's score, x environment.reward_weight)."""
-    done: bool = False
-    """The episode is over; the observation is not appended."""
-    info: dict[str, float] = attrs.Factory(dict)
-    """Counters summed over the episode and logged as episode/<key>/mean (tool_calls, tool_errors, ...)."""
-
-
-class _Failed(Exception):
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind, self.message = kind, message
-
-
-@contextmanager
-def time_limit(seconds: float, what: str):
-    """Raise _Failed("timeout") in the main thread after `seconds` (SIGALRM; 0 or another thread: no limit)."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expired(_signum, _frame):
-        raise _Failed("timeout", f"{what} timed out after environment.timeout_s={seconds:g}s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @attrs.define
@@ -111,7 +60,8 @@ class Episode:
     """One row's episode as it runs: the ids after the prompt, whose they are, and what was said."""
 
     prompt: list[int]
-    env: Any = None
+    key: int
+    """The episode's key where its environment lives (unique over the run)."""
     tokens: list[int] = attrs.Factory(list)
     model: list[bool] = attrs.Factory(list)
     """Per token of `tokens`: sampled by the model (trained on) or written by the environment."""
@@ -135,10 +85,12 @@ class Episode:
 class EpisodeRollout:
     """A rollout (the `Rollout` protocol) that runs multi-turn episodes on another rollout's engine."""
 
-    def __init__(self, engine, make_env, config, tokenizer, *, name: str):
-        self.engine, self.make_env, self.tokenizer, self.name = engine, make_env, tokenizer, name
+    def __init__(self, engine, calls, config, tokenizer, *, name: str):
+        """`calls`: where the environments live and their calls run (nanoverl_core.env.pool: an
+        EnvironmentPool of worker processes, or InProcess)."""
+        self.engine, self.calls, self.tokenizer, self.name = engine, calls, tokenizer, name
         self.cfg, self.budget = config.environment, config.rollout.max_new_tokens
-        self.settings = config.environment.settings
+        self.keys = itertools.count()
         self.returns_log_probs = bool(getattr(engine, "returns_log_probs", False))
         own = getattr(engine, "eos_token_ids", None)          # the hf and vllm rollouts' own stop ids
         self.stop_ids = list(own or stop_token_ids(tokenizer, getattr(engine, "module", None)))
@@ -148,26 +100,25 @@ class EpisodeRollout:
         self.engine.sync_weights(actor)
 
     def close(self) -> None:
+        self.calls.close()
         self.engine.close()
 
     # ---- one batch of episodes -------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompts"], batch["prompt_mask"])]
-        episodes = [Episode(prompt) for prompt in prompts]
+        episodes = [Episode(prompt, next(self.keys)) for prompt in prompts]
         awake = getattr(self.engine, "awake", nullcontext)     # an engine that sleeps after each call stays up
+        started = self._round(batch, episodes, {i: ("start", batch["row"][i]) for i in range(len(episodes))}, "start")
         try:
             with awake():
                 self._run(batch, episodes, params)
         finally:
-            for episode in episodes:
-                self._close(episode)
+            self._round(batch, episodes, {i: ("close", None) for i in started}, "close")
         return self._to_batch(episodes)
 
     def _run(self, batch: RLBatch, episodes: list[Episode], params: SamplingParams) -> None:
-        """Start every episode, then one engine call per turn for the episodes still running."""
-        for i, episode in enumerate(episodes):
-            self._start(batch, i, episode)
+        """One engine call per turn for the episodes still running, then one round of environment steps."""
         for turn in range(self.cfg.max_turns):
             live = [i for i, e in enumerate(episodes) if not e.done]
             if not live:
@@ -176,8 +127,10 @@ class EpisodeRollout:
             limit = min(max(room.values()), self.cfg.max_turn_tokens or self.budget)
             out = self.engine.generate(self._turn_batch(batch, episodes, live, turn),
                                        attrs.evolve(params, max_new_tokens=limit))
-            for j, i in enumerate(live):
-                self._model_turn(batch, i, episodes[i], out, j, min(room[i], limit), turn)
+            turns = {i: self._model_turn(episodes[i], out, j, min(room[i], limit), turn) for j, i in enumerate(live)}
+            steps = {i: ("step", t) for i, t in turns.items() if t is not None}
+            for i, step in self._round(batch, episodes, steps, f"turn {turn}").items():
+                self._answer(batch, i, episodes[i], step, turn)
 
     def _turn_batch(self, batch: RLBatch, episodes: list[Episode], live: list[int], turn: int) -> RLBatch:
         """The live rows, each episode's ids so far as its (left-padded) prompt."""
@@ -194,9 +147,9 @@ class EpisodeRollout:
             sub["sample_seed"] = sub["sample_seed"] + turn * SEED_STRIDE
         return sub
 
-    def _model_turn(self, batch: RLBatch, i: int, episode: Episode, out: RLBatch, j: int, room: int,
-                    turn: int) -> None:
-        """Append row j of the engine's output to episode i, then ask its environment for the next answer."""
+    def _model_turn(self, episode: Episode, out: RLBatch, j: int, room: int, turn: int) -> Turn | None:
+        """Append row j of the engine's output to `episode`; the Turn its environment answers, or None when
+        the budget cut it mid-turn (nothing to answer: the episode ends truncated)."""
         n = int(out["response_mask"][j].sum())
         ids = out["responses"][j, :n].tolist()[:room]
         log_probs = out["rollout_log_probs"][j, :len(ids)].tolist() if "rollout_log_probs" in out else None
@@ -207,12 +160,13 @@ class EpisodeRollout:
         episode.final_text = text
         episode.turns.append({"role": "model", "text": text, "tokens": len(ids)})
         out_of_room = len(episode.tokens) >= self.budget
-        if out_of_room and not stopped:                     # cut by the budget mid-turn: nothing to answer
+        if out_of_room and not stopped:
             episode.done = episode.truncated = True
-            return
-        step = self._step(batch, i, episode, Turn(text, tuple(ids), turn, truncated=not stopped))
-        if step is None:                                    # the environment failed (on_error = "zero")
-            return
+            return None
+        return Turn(text, tuple(ids), turn, truncated=not stopped)
+
+    def _answer(self, batch: RLBatch, i: int, episode: Episode, step: EnvStep, turn: int) -> None:
+        """Record the environment's answer to episode i's turn: its reward, then its observation appended."""
         episode.rewards.append((len(episode.tokens) - 1, float(step.reward)))
         episode.info.update({k: float(v) for k, v in step.info.items()})
         episode.turns[-1]["reward"] = float(step.reward)
@@ -229,51 +183,39 @@ class EpisodeRollout:
         episode.add(ids, False)
         episode.turns.append({"role": "environment", "text": text, "tokens": len(ids)})
 
-    # ---- calls into the environment, each failure handled under environment.on_error -------------------
-    def _start(self, batch: RLBatch, i: int, episode: Episode) -> None:
-        settings = {"settings": self.settings} if self.settings is not None else {}
-        episode.env = self._call(batch, i, episode, "start", lambda: self.make_env(batch["row"][i], **settings))
-
-    def _step(self, batch: RLBatch, i: int, episode: Episode, turn: Turn) -> EnvStep | None:
-        if episode.done:                                    # failed at start
-            return None
-        step = self._call(batch, i, episode, f"turn {turn.index}", lambda: episode.env.step(turn))
-        if step is not None and not isinstance(step, EnvStep):
-            return self._fail(batch, i, episode, f"turn {turn.index}", _Failed(
-                "invalid", f"step() returned {type(step).__name__}, not nanoverl_core.env.EnvStep"))
-        return step
+    # ---- calls into the environment, in rounds, each failure handled under environment.on_error ---------
+    def _round(self, batch: RLBatch, episodes: list[Episode], calls: dict[int, tuple[str, Any]], where: str) -> dict:
+        """Run one call per episode (`calls`: row -> (op, arg)) where the environments live; returns the values
+        of the calls that succeeded, by row (a failed one ends its episode, or stops the run)."""
+        outcomes = self.calls.run([(episodes[i].key, op, arg) for i, (op, arg) in calls.items()])
+        values = {}
+        for i, (op, _) in calls.items():
+            kind, value = outcomes[episodes[i].key]
+            if kind == "ok" and op == "step" and not isinstance(value, EnvStep):
+                kind, value = "invalid", f"step() returned {type(value).__name__}, not nanoverl_core.env.EnvStep"
+            if kind == "ok":
+                values[i] = value
+            elif op == "close":                           # a lost episode's environment is gone already
+                if kind != "lost":
+                    print(f"warning: environment {self.name!r}: close() failed ({value})", file=sys.stderr)
+            else:
+                self._fail(batch, i, episodes[i], where, kind, value)
+        return values
 
     def _render(self, batch: RLBatch, i: int, episode: Episode, observation, turn: int):
-        return self._call(batch, i, episode, f"turn {turn}",
-                          lambda: render_answer(self.tokenizer, observation, self.stop_ids))
-
-    def _call(self, batch: RLBatch, i: int, episode: Episode, where: str, fn):
         try:
-            with time_limit(self.cfg.timeout_s, f"environment {self.name!r} ({where})"):
-                return fn()
-        except _Failed as exc:
-            return self._fail(batch, i, episode, where, exc)
+            return render_answer(self.tokenizer, observation, self.stop_ids)
         except Exception as exc:
             detail = str(exc) if isinstance(exc, UserError) else f"raised {type(exc).__name__}: {exc}"
-            return self._fail(batch, i, episode, where, _Failed("raised", detail))
+            return self._fail(batch, i, episode, f"turn {turn}", "invalid", f"its answer cannot be rendered: {detail}")
 
-    def _fail(self, batch: RLBatch, i: int, episode: Episode, where: str, exc: _Failed) -> None:
-        message = f"environment {self.name!r} on data row {batch['index'][i]}, {where}: {exc.message}"
+    def _fail(self, batch: RLBatch, i: int, episode: Episode, where: str, kind: str, detail: str) -> None:
+        message = f"environment {self.name!r} on data row {batch['index'][i]}, {where}: {detail}"
         if self.cfg.on_error == "raise":
             raise EpisodeError(f"{message}; fix the environment, or set environment.on_error=zero to end such "
                                "episodes with score 0") from None
-        episode.done, episode.error = True, f"{exc.kind}: {message}"
+        episode.done, episode.error = True, f"{kind}: {message}"
         return None
-
-    def _close(self, episode: Episode) -> None:
-        close = getattr(episode.env, "close", None)
-        if close is None:
-            return
-        try:
-            with time_limit(self.cfg.timeout_s, f"environment {self.name!r} (close)"):
-                close()
-        except (Exception, _Failed) as exc:
-            print(f"warning: environment {self.name!r}: close() failed ({exc})", file=sys.stderr)
 
     # ---- the batch the trainer sees -------------------------------------------------------------------
     def _to_batch(self, episodes: list[Episode]) -> RLBatch:

@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from .episode import EnvStep, Turn
+from .contract import EnvStep, Turn
 
 CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 """A tag-format call; an unclosed tag at the end of the turn is an attempt too (and malformed)."""

@@ -1,8 +1,9 @@
 """The pool of worker processes that calls reward functions (no torch here).
 
 `RewardPool` runs calls in `size` worker processes, each a fresh interpreter (`python -m
-nanoverl_core.reward.pool`, so it never inherits the trainer's torch threads, CUDA state or an
-unguarded `__main__`), talking over a socket with `multiprocessing.connection`. Each worker runs one
+nanoverl_core.reward.pool`, started by nanoverl_core.processes, so it never inherits the trainer's
+torch threads, CUDA state or an unguarded `__main__`), talking over a socket with
+`multiprocessing.connection`. Each worker runs one
 call at a time, so the parent knows which row each worker is on: a call past `timeout_s` gets its
 worker killed (SIGKILL) and replaced, and a worker that dies is charged to exactly the row it was
 running; the rows queued behind it go to the other workers. `concurrent.futures.ProcessPoolExecutor`
@@ -13,12 +14,8 @@ so a leaking reward fails with MemoryError (or dies) instead of swapping the mac
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import weakref
 from collections import deque
@@ -27,6 +24,7 @@ from typing import Any
 
 
 from ..errors import RewardError
+from ..processes import death, guard, spawn
 from .calls import CallError, ComponentSpec, call_checked, call_style, load_function
 
 START_TIMEOUT_S = 120.0
@@ -34,13 +32,6 @@ START_TIMEOUT_S = 120.0
 
 
 # ---- the worker process ------------------------------------------------------------------------------
-def _watch_parent(parent: int) -> None:
-    """End this worker when the trainer is gone (it may be stuck in a reward and never read again)."""
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
-
-
 def worker_main(fd: int, parent: int) -> int:
     """Serve the trainer until it closes the connection (a trainer that is gone ends the worker quietly)."""
     try:
@@ -51,14 +42,7 @@ def worker_main(fd: int, parent: int) -> int:
 
 def _serve(fd: int, parent: int) -> int:
     """Load the rewards named by the first message, then answer (key, component, call args) items."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it closes the pool
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the trainer, even mid-call
-        except (OSError, AttributeError):
-            pass
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    guard(parent)
     conn = Connection(fd)
     specs, memory_limit_mb = conn.recv()
     try:
@@ -96,13 +80,7 @@ def _serve(fd: int, parent: int) -> int:
 # ---- the pool (in the trainer) ---------------------------------------------------------------------------
 class _Worker:
     def __init__(self, specs: list[ComponentSpec], memory_limit_mb: int):
-        parent_sock, child_sock = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "nanoverl_core.reward.pool", str(child_sock.fileno()),
-                                      str(os.getpid())], pass_fds=[child_sock.fileno()], env=env,
-                                     stdin=subprocess.DEVNULL)
-        child_sock.close()
-        self.conn = Connection(parent_sock.detach())
+        self.proc, self.conn = spawn("nanoverl_core.reward.pool")
         self.conn.send((specs, memory_limit_mb))
         self.ready = False
         self.started = time.monotonic()
@@ -120,13 +98,7 @@ class _Worker:
         self.conn.close()
 
     def death(self) -> str:
-        code = self.proc.wait()
-        if code < 0:
-            try:
-                return f"the reward's worker process was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"the reward's worker process was killed by signal {-code}"
-        return f"the reward's worker process exited with status {code} (os._exit or a crash in the reward)"
+        return death(self.proc, "the reward's worker process")
 
 
 class RewardPool:

@@ -33,6 +33,7 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
                                        max_new_tokens=config.rollout.max_new_tokens,
                                        score_answer=not env.name or env.score_answer),
                 "environment": registry.get("environment", env.name, key="environment.name") if env.name else None,
+                "environment_ref": _importable(registry, "environment", env.name) if env.name else "",
                 "policy_loss": registry.get("policy_loss", config.actor.policy_loss, key="actor.policy_loss"),
                 "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
     if import_backends:
@@ -50,8 +51,18 @@ def build_rollout(plugins: dict[str, Any], config: Config, workers):
     rollout = plugins["rollout"](config, workers)
     if plugins["environment"] is None:
         return rollout
-    from ..env import EpisodeRollout
-    return EpisodeRollout(rollout, plugins["environment"], config, workers.tokenizer, name=config.environment.name)
+    from ..env import EpisodeRollout, environment_calls
+    calls = environment_calls(config.environment, plugins["environment"], plugins["environment_ref"])
+    return EpisodeRollout(rollout, calls, config, workers.tokenizer, name=config.environment.name)
+
+
+def _importable(registry: Registry, kind: str, name: str) -> str:
+    """The "module:attr" a worker process imports a registered object by: the string it was registered as,
+    or the object's own module and name ("" for a closure or __main__'s)."""
+    from ..reward.calls import importable_ref
+
+    obj = registry.entry(kind, name).obj
+    return obj if isinstance(obj, str) else importable_ref(obj)
 
 
 def prompt_tools(plugins: dict[str, Any]) -> list | None:

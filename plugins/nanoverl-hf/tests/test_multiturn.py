@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import prompt_batch
-from nanoverl_core.env import EnvStep, EpisodeRollout, with_tools
+from nanoverl_core.env import EnvStep, EpisodeRollout, InProcess, with_tools
 from nanoverl_core.env.render import RenderError, render_answer, template_messages
 from nanoverl_core.rollout import SamplingParams
 from nanoverl_hf.rollout import HFRollout
@@ -69,7 +69,7 @@ def test_hf_episode_tokens_are_the_samplers_under_a_template_that_rewrites_earli
     workers = make_workers(config)
     tok = workers.tokenizer
     engine = Recorder(HFRollout(config, workers))
-    rollout = EpisodeRollout(engine, lambda row: ToolAnswers(), config, tok, name="echo")
+    rollout = EpisodeRollout(engine, InProcess(lambda row: ToolAnswers(), None, 0), config, tok, name="echo")
     batch = prompt_batch(tok, [":12=", ":345=", ":6=", ":78="] * 2)
     batch["index"], batch["row"] = list(range(8)), [{}] * 8
     torch.manual_seed(0)

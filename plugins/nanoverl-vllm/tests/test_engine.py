@@ -274,7 +274,7 @@ class _Answers:
 
 def _episodes(cfg, workers, rollout, batch, max_turns):
     import attrs
-    from nanoverl_core.env import EpisodeRollout
+    from nanoverl_core.env import EpisodeRollout, InProcess
 
     cfg = attrs.evolve(cfg, rollout=attrs.evolve(cfg.rollout, max_new_tokens=20),      # 3 turns of 4 + 2 answers
                        environment=attrs.evolve(cfg.environment, name="answers", max_turns=max_turns,
@@ -288,7 +288,8 @@ def _episodes(cfg, workers, rollout, batch, max_turns):
         return out
     rollout.generate = recording
     try:
-        out = EpisodeRollout(rollout, lambda row: _Answers(), cfg, workers.tokenizer, name="answers").generate(
+        out = EpisodeRollout(rollout, InProcess(lambda row: _Answers(), None, 0), cfg, workers.tokenizer,
+                             name="answers").generate(
             batch, SamplingParams(max_new_tokens=20, temperature=1.0))
     finally:
         del rollout.generate
