@@ -99,7 +99,8 @@ def test_source_never_unpickles_or_evaluates(tree):
 def test_code_is_imported_only_from_entry_points_and_reward_file():
     """Config strings are looked up in the registry, never imported; the dynamic imports in the core are the
     registry's own lazy "module:attr" strings (written by plugin authors), reward.file, and a reward worker
-    importing the module of a function the registry already resolved (its __module__, never a config value)."""
+    or environment worker importing the module of an object the registry already resolved (its registered
+"module:attr" or its __module__, never a config value)."""
     dynamic = {}
     for f in sorted((ROOT / "nanoverl_core").rglob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
@@ -107,10 +108,11 @@ def test_code_is_imported_only_from_entry_points_and_reward_file():
                     "import_module", "spec_from_file_location", "exec_module", "load_source", "run_path"):
                 dynamic.setdefault(str(f.relative_to(ROOT)), []).append(_dotted(node.func).split(".")[-1])
     assert dynamic == {"nanoverl_core/__init__.py": ["import_module"],       # its own lazy public names
+                       "nanoverl_core/env/__init__.py": ["import_module"],   # its own lazy public names
                        "nanoverl_core/plugins.py": ["import_module"],        # registered "module:attr" strings
                        "nanoverl_core/reward/__init__.py": ["import_module"],  # its own lazy public names
-                       "nanoverl_core/reward/calls.py": ["spec_from_file_location", "import_module",  # reward.file; a
-                                                         "exec_module"]}  # registered reward in a worker
+                       "nanoverl_core/reward/calls.py": ["import_module",  # a registered object in a worker;
+                                                         "spec_from_file_location", "exec_module"]}  # reward.file
 
 
 # ---- checkpoints: only safe formats, and a planted pickle never runs -----------------------------------

@@ -18,7 +18,6 @@ Both return, per call, ("ok", value) or (kind, message) with kind "raised", "tim
 
 from __future__ import annotations
 
-import importlib
 import signal
 import sys
 import threading
@@ -30,18 +29,10 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..processes import death, guard, spawn
+from ..reward.calls import import_ref
 
 START_TIMEOUT_S = 120.0
 """How long a worker may take to import the environment before the run stops."""
-
-
-def resolve(ref: str):
-    """The object a "module:qualname" string names."""
-    module, _, qualname = ref.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 class Episodes:
@@ -116,7 +107,7 @@ def worker_main(fd: int, parent: int) -> int:
     conn = Connection(fd)
     try:
         ref, settings = conn.recv()
-        episodes = Episodes(resolve(ref), settings)
+        episodes = Episodes(import_ref(ref), settings)
     except BaseException as exc:
         conn.send(("init_error", f"{type(exc).__name__}: {exc}"))
         return 1

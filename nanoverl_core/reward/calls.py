@@ -67,6 +67,16 @@ def importable_ref(fn: Callable) -> str:
     return f"{module}:{qualname}"
 
 
+def import_ref(ref: str) -> Any:
+    """The object a "module:qualname" string names: what a worker process (a reward's, an environment's)
+    imports a registered object by; the string comes from the registry, never from a config value."""
+    module, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def load_function(spec: ComponentSpec) -> Callable:
     """The reward function of `spec`: its file imported, or its ref ("module:qualname", which the trainer
     took from the registered function). A bare registry name is the caller's to resolve with the registry
@@ -75,11 +85,7 @@ def load_function(spec: ComponentSpec) -> Callable:
     if not spec.file and not spec.ref:
         raise ValueError(f"reward {spec.label!r} has no file and no ref; resolve its name with the registry")
     if not spec.file:
-        module, _, qualname = spec.ref.partition(":")
-        obj: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        return obj
+        return import_ref(spec.ref)
     path = Path(spec.file)
     if not path.is_file():
         raise ConfigError(f"reward.file = {spec.file!r} does not exist; fix the path or use reward.name")
