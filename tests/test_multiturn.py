@@ -258,10 +258,11 @@ def counting(self, *args):
     return generate(self, *args)
 
 
-def killing(self, batch, i, episode_, out, j, room, turn):
+def killing(self, *args):
+    turn = args[-1]                                              # _model_turn(..., turn)
     if calls == int(os.environ["KILL_AT_STEP"]) and turn == 1:     # the step's second turn, mid-rollout
         os.kill(os.getpid(), signal.SIGKILL)
-    return model_turn(self, batch, i, episode_, out, j, room, turn)
+    return model_turn(self, *args)
 
 
 episode.EpisodeRollout.generate, episode.EpisodeRollout._model_turn = counting, killing
