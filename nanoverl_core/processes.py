@@ -29,6 +29,14 @@ def spawn(module: str) -> tuple[subprocess.Popen, Connection]:
     return proc, Connection(parent_sock.detach())
 
 
+def kill(proc: subprocess.Popen, conn: Connection) -> None:
+    """SIGKILL a worker (if it still runs), reap it, and close its connection."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    conn.close()
+
+
 def _watch_parent(parent: int) -> None:
     """End this worker when the trainer is gone (it may be stuck in a call and never read again)."""
     while os.getppid() == parent:

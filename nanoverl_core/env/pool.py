@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ..processes import death, guard, spawn
+from ..processes import death, guard, kill, spawn
 from ..reward.calls import import_ref
 
 START_TIMEOUT_S = 120.0
@@ -134,10 +134,7 @@ class _Worker:
         self.since = 0.0
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.conn.close()
+        kill(self.proc, self.conn)
 
 
 class EnvironmentPool:

@@ -24,7 +24,7 @@ from typing import Any
 
 
 from ..errors import RewardError
-from ..processes import death, guard, spawn
+from ..processes import death, guard, kill, spawn
 from .calls import CallError, ComponentSpec, call_checked, call_style, load_function
 
 START_TIMEOUT_S = 120.0
@@ -92,10 +92,7 @@ class _Worker:
         """When its current call started (its previous answer, or when the chunk was sent)."""
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.conn.close()
+        kill(self.proc, self.conn)
 
     def death(self) -> str:
         return death(self.proc, "the reward's worker process")
