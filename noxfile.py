@@ -98,9 +98,9 @@ def hf_lora(session):
 
 @nox.session(python="3.11")
 def hf_grpo(session):
-    """nanoverl-hf with nanoverl-grpo: the tiny GRPO example learns; core tests that need HF."""
+    """nanoverl-hf with nanoverl-grpo: the tiny GRPO example and its multi-turn twin learn; core tests that need HF."""
     _setup(session, "hf", "grpo")
-    _pytest(session, "plugins/nanoverl-hf/tests/test_cli.py")
+    _pytest(session, "plugins/nanoverl-hf/tests/test_cli.py", "plugins/nanoverl-hf/tests/test_multiturn.py")
     _pytest(session, "tests", "-m", "hf")
 
 
