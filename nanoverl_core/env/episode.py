@@ -18,7 +18,8 @@ What `generate` returns, beyond a single-turn rollout's columns (nanoverl_core.r
     loss_mask (B, R)      1 on the model's tokens, 0 on the environment's: what the update trains on
     rollout_log_probs     (B, R) over the model's tokens (0 elsewhere), when the engine returns them
     turn_rewards (B, R)   each environment reward x environment.reward_weight, on the last token of
-                          the model turn it answered (GAE sees each turn's reward where it was earned)
+                          the model turn it answered (GAE sees each turn's reward where it was earned);
+                          all 0 for an episode whose environment failed
     num_turns (B,)        model turns
     episode_failed (B,)   the environment failed (environment.on_error = "zero"): the row scores 0
     final_text            the last model turn's text, what [reward] scores (environment.score_answer)
@@ -230,7 +231,7 @@ class EpisodeRollout:
             response_mask[row, :n] = 1.0
             loss_mask[row, :n] = torch.tensor(e.model, dtype=torch.float32)
             log_probs[row, :n] = torch.tensor(e.log_probs, dtype=torch.float32)
-            for position, reward in e.rewards:
+            for position, reward in e.rewards if e.error is None else ():   # a failed episode earns nothing
                 rewards[row, position] += reward * self.cfg.reward_weight
         out = RLBatch({"responses": ids, "response_mask": response_mask, "loss_mask": loss_mask,
                        "truncated": torch.tensor([e.truncated for e in episodes]), "turn_rewards": rewards,

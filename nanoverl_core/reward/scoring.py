@@ -221,19 +221,22 @@ class RewardScorer:
         metrics.update({f"reward/{k}": float(v) for k, v in counts.items()})
         return torch.tensor(scores, dtype=torch.float32), metrics
 
-    def _write_failures(self, batch, texts, failures, phase, step) -> None:
-        """Append each failed call to reward_errors.jsonl (rank 0 only: every rank scores the whole batch)."""
+    def _append_errors(self, records: list[dict]) -> None:
+        """Append records to reward_errors.jsonl (rank 0 only: every rank scores the whole batch)."""
         from ..dist import is_rank0
 
         if self.errors_path is None or not is_rank0():
             return
         self.errors_path.parent.mkdir(parents=True, exist_ok=True)
         with self.errors_path.open("a") as f:
-            for (i, c), (kind, message, _) in failures:
-                f.write(json.dumps({"phase": phase, "step": step, "index": batch["index"][i],
-                                    "reward": self.specs[c].label, "kind": kind, "message": message,
-                                    "prompt": batch["prompt_text"][i], "response": texts[i],
-                                    "row": batch["row"][i]}, default=str) + "\n")
+            f.writelines(json.dumps(record, default=str) + "\n" for record in records)
+
+    def _write_failures(self, batch, texts, failures, phase, step) -> None:
+        """Each failed call, with its row and response."""
+        self._append_errors([{"phase": phase, "step": step, "index": batch["index"][i], "reward": self.specs[c].label,
+                              "kind": kind, "message": message, "prompt": batch["prompt_text"][i],
+                              "response": texts[i], "row": batch["row"][i]}
+                             for (i, c), (kind, message, _) in failures])
 
     def score_responses(self, batch: RLBatch, tokenizer, *, phase: str = "train",
                         step: int | None = None) -> tuple[torch.Tensor, list[str], dict[str, float]]:
@@ -264,33 +267,23 @@ class RewardScorer:
             metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
         token_scores = place_scores(scores, batch["loss_mask"] if "turn_rewards" in batch else mask)
         if "turn_rewards" in batch:
-            token_scores = token_scores + batch["turn_rewards"] * (~batch["episode_failed"]).float()[:, None]
+            token_scores = token_scores + batch["turn_rewards"]
             scores = token_scores.sum(-1)
         metrics["reward/mean"] = float(scores.mean())
         metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
         return RLBatch({"score": scores, "token_level_scores": token_scores}, {"response_text": texts}), metrics
 
     def _write_episode_failures(self, batch: RLBatch, phase: str, step: int | None) -> None:
-        """Append each failed episode (environment.on_error = "zero") to reward_errors.jsonl, turn by turn."""
-        from ..dist import is_rank0
-
-        if self.errors_path is None or not is_rank0():
-            return
-        self.errors_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.errors_path.open("a") as f:
-            for i, error in enumerate(batch["episode_error"]):
-                if error is not None:
-                    kind, message = error.split(": ", 1)
-                    f.write(json.dumps({"phase": phase, "step": step, "index": batch["index"][i], "reward": "environment",
-                                        "kind": kind, "message": message, "prompt": batch["prompt_text"][i],
-                                        "episode": batch["episode"][i], "row": batch["row"][i]}, default=str) + "\n")
+        """Each failed episode (environment.on_error = "zero"), with its turns."""
+        self._append_errors([{"phase": phase, "step": step, "index": batch["index"][i], "reward": "environment",
+                              "kind": error.split(": ", 1)[0], "message": error.split(": ", 1)[1],
+                              "prompt": batch["prompt_text"][i], "episode": batch["episode"][i], "row": batch["row"][i]}
+                             for i, error in enumerate(batch["episode_error"]) if error is not None])
 
 
 def with_episode_rewards(scores: torch.Tensor, batch: RLBatch) -> torch.Tensor:
     """(B,) answer scores plus each multi-turn episode's environment rewards (0 for a failed episode)."""
-    if "turn_rewards" not in batch:
-        return scores
-    return scores + batch["turn_rewards"].sum(-1) * (~batch["episode_failed"]).float()
+    return scores + batch["turn_rewards"].sum(-1) if "turn_rewards" in batch else scores
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
