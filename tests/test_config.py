@@ -13,6 +13,7 @@ import yaml
 from conftest import EXAMPLES, ROOT
 from nanoverl_core.config import (COMPONENTS, MOVED_KEYS, Config, OptimConfig, config_from_dict, drop_moved_keys,
                                   load_config)
+from nanoverl_core.config.structure import structure_as
 from nanoverl_core.errors import ConfigError
 from nanoverl_core.plugins import load_registry
 
@@ -107,6 +108,21 @@ def test_a_components_setting_is_typed_on_the_command_line():
                               "tracking.mlflow.experiment=2024-01-01"], registry=load_registry())
     assert cfg.tracking.settings["mlflow"].run_name == "007"            # text as written, not the int 7
     assert cfg.tracking.settings["mlflow"].experiment == "2024-01-01"   # nor a YAML date
+    quoted = load_config(DEBUG, ["tracking.trackers=[mlflow]", 'tracking.mlflow.run_name="007"',
+                                 "trainer.output_dir='runs/a b'"], registry=load_registry())
+    assert quoted.tracking.settings["mlflow"].run_name == "007"         # TOML's quotes are not part of the text
+    assert quoted.trainer.output_dir == "runs/a b"
+
+
+def test_a_settings_validator_error_is_its_message_not_a_tuple():
+    @attrs.define
+    class Settings:
+        mode: str = attrs.field(default="a", validator=attrs.validators.in_(("a", "b")))
+
+    with pytest.raises(ConfigError) as err:
+        structure_as({"mode": "c"}, Settings, prefix="rollout.x.")
+    assert str(err.value) == ("config key 'rollout.x.mode': 'mode' must be in ('a', 'b') (got 'c'); "
+                              "fix the value in the config or override")
 
 
 # ---- keys that moved --------------------------------------------------------------------------------------

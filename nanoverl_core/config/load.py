@@ -108,6 +108,16 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+def _unquote(text: str) -> str:
+    """A string key's text as written, less one pair of quotes (`run_name="007"` as TOML writes it)."""
+    stripped = text.strip()
+    if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "\"'":
+        parsed = _parse_value(stripped)
+        if isinstance(parsed, str):
+            return parsed
+    return text
+
+
 def _field_type(parts: list[str], registry: Registry | None) -> Any:
     """The declared type at a dotted path, or None if the path is not in the schema. The second part
     may name a registered component of the section (`tracking.mlflow.run_name`): its settings class."""
@@ -128,7 +138,7 @@ def _field_type(parts: list[str], registry: Registry | None) -> Any:
 
 def apply_override(data: dict[str, Any], override: str, *, registry: Registry | None = None) -> None:
     """Apply one `section.key=value` override. Values are parsed as YAML scalars or lists, except
-    for string keys, which take the text as written (`trainer.output_dir=runs/007`); with `registry`,
+    for string keys, which take the text as written (`trainer.output_dir=runs/007`, quotes optional); with `registry`,
     a component's settings are typed too (`tracking.mlflow.run_name=007` stays text)."""
     key, sep, value = override.partition("=")
     if not sep or not key.strip():
@@ -143,7 +153,7 @@ def apply_override(data: dict[str, Any], override: str, *, registry: Registry | 
             raise ConfigError(f"override {override!r}: {part} is a value, not a section")
         node = child
     if is_text:
-        node[parts[-1]] = value
+        node[parts[-1]] = _unquote(value)
     elif ftype is float:
         try:
             node[parts[-1]] = float(value)  # YAML would read 1e-3 as a string

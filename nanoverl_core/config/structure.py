@@ -143,8 +143,9 @@ def structure_as(data: dict[str, Any], cls: type, prefix: str = "") -> Any:
             if field.validator is not None:
                 try:
                     field.validator(obj, field, getattr(obj, field.name))
-                except (ValueError, TypeError) as exc:
-                    raise ConfigError(f"config key {prefix + field.name!r}: {exc}; fix the value in the config "
+                except (ValueError, TypeError) as exc:  # attrs' own validators put the message first in args
+                    message = exc.args[0] if exc.args else exc
+                    raise ConfigError(f"config key {prefix + field.name!r}: {message}; fix the value in the config "
                                       "or override") from None
         return obj
     except ConfigError:
