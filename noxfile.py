@@ -142,6 +142,24 @@ def third_party(session):
                 f"trainer.output_dir={run_dir}", env=ENV)
 
 
+TEXTARENA = "textarena==0.7.4"
+"""The third-party environment library the adapter plugin runs (pinned: data rows are its games' starts)."""
+
+
+@nox.session(python="3.11")
+def third_party_env(session):
+    """textarena's games run unchanged through the example adapter plugin nanoverl-textarena, both pip-installed.
+
+    textarena comes from the package index (pinned); the plugin's tests train with nanoverl-hf and nanoverl-grpo."""
+    _setup(session, "hf", "grpo")
+    plugin = "examples/plugins/nanoverl-textarena"
+    session.run("python", "-m", "pip", "install", "-q", TEXTARENA, env=ENV)
+    session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", plugin, env=ENV)
+    out = session.run("nanoverl-train", "plugins", silent=True, env=ENV)
+    assert "nanoverl-textarena 0.1.0" in out and "environment: textarena" in out, out
+    _pytest(session, f"{plugin}/tests")
+
+
 @nox.session(python="3.11")
 def example_plugins(session):
     """The example plugins (examples/plugins/) installed by pip: their tests pass, they are listed, they train by name."""
