@@ -1,9 +1,10 @@
-"""Run the SmolLM2 arithmetic recipe for several seeds and print its before/after table as JSON.
+"""Run a SmolLM2 recipe for several seeds and print its before/after table as JSON.
 
     python scripts/smollm2_recipe.py --seeds 0 1 2                 # the figures in docs/results.md
     python scripts/smollm2_recipe.py --seeds 0 -- actor.lr=3e-6   # a sweep point: overrides after --
+    python scripts/smollm2_recipe.py --config examples/configs/smollm2_calculator.toml   # the tool recipe
 
-Each seed is one `nanoverl-train --config examples/configs/smollm2_arithmetic.toml trainer.seed=S`
+Each seed is one `nanoverl-train --config CONFIG trainer.seed=S` (default smollm2_arithmetic.toml)
 (with `trainer.eval_before_after = true`, as the config ships) in its own run directory under
 --out; the run's eval.json holds the base model's and the trained policy's held-out accuracy,
 greedy and sampled. Printed: per seed those numbers with a 95% Wilson interval (greedy over the 64
@@ -39,20 +40,21 @@ def wilson(mean: float, n: int, z: float = 1.96) -> list[float]:
 
 
 def summarise(report: dict) -> dict:
-    """{decoding: {"accuracy", "ci95", per data source}} of one eval.json report."""
+    """{decoding: {"accuracy", "ci95", per data source, episode metrics}} of one eval.json report."""
     out = {}
     for name, metrics in report["results"].items():
         trials = report["prompts"] * int(metrics["n"])
         out[name] = {"accuracy": round(metrics["reward/mean"], 4), "ci95": wilson(metrics["reward/mean"], trials),
                      **{key.removesuffix("/reward/mean"): round(v, 4) for key, v in metrics.items()
-                        if key.endswith("/reward/mean") and key != "reward/mean"}}
+                        if key.endswith("/reward/mean") and key != "reward/mean"},
+                     **{key: round(v, 4) for key, v in metrics.items() if key.startswith("episode/")}}
     return out
 
 
-def run_seed(seed: int, out: Path, overrides: list[str]) -> dict:
+def run_seed(seed: int, out: Path, overrides: list[str], config: Path = CONFIG) -> dict:
     run_dir = out / f"seed{seed}"
     train = Path(sys.executable).parent / "nanoverl-train"
-    cmd = [str(train), "--config", str(CONFIG), f"trainer.seed={seed}", f"trainer.output_dir={run_dir}",
+    cmd = [str(train), "--config", str(config), f"trainer.seed={seed}", f"trainer.output_dir={run_dir}",
            "trainer.progress=log", *overrides]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     start = time.perf_counter()
@@ -72,15 +74,17 @@ def run_seed(seed: int, out: Path, overrides: list[str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--config", type=Path, default=CONFIG, help=f"the recipe (default {CONFIG.relative_to(ROOT)})")
     parser.add_argument("--out", type=Path, default=None, help="folder for the runs (default: a new temp folder)")
     parser.add_argument("overrides", nargs="*", help="config overrides (after --)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="smollm2-recipe-"))
     out.mkdir(parents=True, exist_ok=True)
-    runs = [run_seed(seed, out, args.overrides) for seed in args.seeds]
+    config = args.config.resolve()
+    runs = [run_seed(seed, out, args.overrides, config) for seed in args.seeds]
     gains = {name: round(sum(r["after"][name]["accuracy"] - r["before"][name]["accuracy"] for r in runs) / len(runs), 4)
              for name in runs[0]["after"]}
-    print(json.dumps({"config": str(CONFIG.relative_to(ROOT)), "overrides": args.overrides, "cpus": os.cpu_count(),
+    print(json.dumps({"config": str(config.relative_to(ROOT)), "overrides": args.overrides, "cpus": os.cpu_count(),
                       "runs": runs, "mean_gain": gains}, indent=2))
     return 0
 

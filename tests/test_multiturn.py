@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import EXAMPLES, ROOT, assert_user_error, cli_env, read_metrics, run_cli
+from nanoverl_core.batch import RLBatch
 from nanoverl_core.builtins.debug import make_rollout, make_workers
 from nanoverl_core.builtins.debug_settings import DebugRolloutSettings
 from nanoverl_core.builtins.environments import calculate, calculator
@@ -115,7 +116,7 @@ def test_model_turns_are_the_samplers_ids_and_each_turn_is_fed_the_episode_so_fa
     mask = out["loss_mask"].bool()
     assert torch.allclose(trainer_lp[mask], out["rollout_log_probs"][mask], atol=1e-5)
     assert episode_metrics(out) == {"episode/turns/mean": 3.0, "episode/env_tokens/mean": 2.0, "episode/errors": 0.0,
-                                    "episode/echoes/mean": 3.0}
+                                    "episode/echoes/mean": 3.0, "episode/echoes/rate": 1.0}
 
 
 class RLBatchView:
@@ -238,9 +239,13 @@ def test_eval_runs_the_same_episodes_as_validation(turns_run):
     for name, extra in (("base", []), ("trained", ["--checkpoint", str(turns_run)])):
         proc = run_cli("eval", "--config", TURNS, "--json", *extra)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        scores[name] = json.loads(proc.stdout)["results"]["greedy"]["reward/mean"]
-    assert scores["trained"] == pytest.approx(read_metrics(turns_run)[-1]["val/reward/mean"])
-    assert scores["trained"] > scores["base"] + 0.3, scores
+        scores[name] = json.loads(proc.stdout)["results"]["greedy"]
+    last = read_metrics(turns_run)[-1]
+    assert scores["trained"]["reward/mean"] == pytest.approx(last["val/reward/mean"])
+    assert scores["trained"]["reward/mean"] > scores["base"]["reward/mean"] + 0.3, scores
+    # the episode metrics of training, over the validation episodes: every one has its 2 turns
+    assert scores["trained"]["episode/turns/mean"] == last["val/episode/turns/mean"] == 2.0
+    assert scores["trained"]["episode/env_tokens/mean"] == 1.0 and scores["trained"]["episode/errors"] == 0.0
 
 
 KILL_DRIVER = '''
@@ -306,6 +311,15 @@ def test_tool_calls_are_parsed_run_and_malformed_ones_answered():
     assert step.observation[1]["content"].startswith("error: TypeError")
     assert step.observation[2]["content"] == "error: there is no tool 'search'; tools: calculate"
     assert env.step(Turn("The answer is 259.", (), 1)) == EnvStep(done=True)   # no call: the final answer
+
+
+def test_episode_counters_are_logged_per_episode_and_as_the_share_of_episodes_using_them():
+    batch = RLBatch({"num_turns": torch.tensor([2, 1, 3, 1]), "episode_failed": torch.tensor([False, False, True, False]),
+                     "response_mask": torch.tensor([[1, 1, 1, 0]] * 4), "loss_mask": torch.tensor([[1, 0, 1, 0]] * 4),
+                     "episode_info": [{"tool_calls": 1.0}, {}, {"tool_calls": 2.0, "tool_errors": 2.0}, {}]})
+    assert episode_metrics(batch) == {"episode/turns/mean": 1.75, "episode/env_tokens/mean": 1.0, "episode/errors": 1.0,
+                                      "episode/tool_calls/mean": 0.75, "episode/tool_calls/rate": 0.5,
+                                      "episode/tool_errors/mean": 0.5, "episode/tool_errors/rate": 0.25}
     assert calculate("7 // 2 + 10 / 4") == "5.5" and calculate("-3*-3") == "9"
     for bad_expression in ("__import__('os')", "2**99", "9" * 7 + "*" + "9" * 7):
         with pytest.raises(ValueError):

@@ -1,7 +1,8 @@
-"""The one-digit arithmetic task: write its chat-format train / validation rows.
+"""The arithmetic tasks: write their chat-format train / validation rows.
 
     python examples/arithmetic/make_data.py            # -> examples/data/arithmetic/{train,val}.jsonl
     python examples/arithmetic/make_data.py --check    # exit 1 unless the files are what it would write
+    python examples/arithmetic/make_data.py --task two_digit   # -> examples/data/arithmetic_tool/...
 
 Every problem "What is a OP b?" with a, b in 0..9 and OP in + - * (300 in all, 100 per operation) is
 one row:
@@ -17,6 +18,12 @@ held-out (a, b) pairs, 22 for + and 21 each for - and * (64 in all, as even as 6
 236 problems (78 +, 79 -, 79 *) are the training rows. No (a, op, b) is in both files. Rows are written
 in a fixed order (operation, then a, then b), so a re-run reproduces both files byte for byte. The
 reward is examples/arithmetic/reward.py.
+
+The two-digit task (`--task two_digit`, for the calculator tool) asks the same question with a, b in
+10..99: 8100 pairs per operation, too many to list, so for each operation in the order + - * a
+random.Random(SEED + 1) draws 32 held-out and 400 training pairs, disjoint (96 and 1200 rows). Each
+prompt starts with the same two solved examples (DEMO: a call, its result, the answer), which are in
+neither split: without them SmolLM2-135M-Instruct writes no well-formed call in 240 samples.
 """
 
 from __future__ import annotations
@@ -34,12 +41,30 @@ DIGITS = range(10)
 SEED = 0
 HELD_OUT = {"+": 22, "-": 21, "*": 21}  # 64 validation problems
 OUT = Path(__file__).resolve().parents[1] / "data" / "arithmetic"
+TWO_DIGITS = range(10, 100)
+TWO_DIGIT_SPLIT = (32, 400)              # per operation: held-out, training pairs
+TWO_DIGIT_OUT = OUT.with_name("arithmetic_tool")
+DEMO_PROBLEMS = ((23, "*", 41), (57, "-", 88))
 
 
-def make_row(a: int, op: str, b: int) -> dict:
+def demo_messages() -> list[dict]:
+    """Two solved problems as chat turns: the user asks, the model calls `calculate`, the tool answers,
+    the model gives the result."""
+    messages = []
+    for a, op, b in DEMO_PROBLEMS:
+        call = {"name": "calculate", "arguments": {"expression": f"{a} {op} {b}"}}
+        result = str(OPS[op][1](a, b))
+        messages += [{"role": "user", "content": f"What is {a} {op} {b}?"},
+                     {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
+                     {"role": "tool", "content": result},
+                     {"role": "assistant", "content": f"{a} {op} {b} = {result}"}]
+    return messages
+
+
+def make_row(a: int, op: str, b: int, demo: list[dict] | None = None) -> dict:
     data_source, fn = OPS[op]
     return {"data_source": data_source,
-            "prompt": [{"role": "user", "content": f"What is {a} {op} {b}?"}],
+            "prompt": [*(demo or []), {"role": "user", "content": f"What is {a} {op} {b}?"}],
             "reward_model": {"ground_truth": str(fn(a, b))},
             "extra_info": {"a": a, "b": b, "op": op}}
 
@@ -56,29 +81,47 @@ def split(seed: int = SEED) -> tuple[list[tuple[int, str, int]], list[tuple[int,
     return train, val
 
 
-def render(problems: list[tuple[int, str, int]]) -> str:
-    return "".join(json.dumps(make_row(a, op, b)) + "\n" for a, op, b in problems)
+def split_two_digit(seed: int = SEED + 1) -> tuple[list[tuple[int, str, int]], list[tuple[int, str, int]]]:
+    """(train, val) of the two-digit task, each in the order operation, a, b."""
+    rng = random.Random(seed)
+    train, val = [], []
+    n_val, n_train = TWO_DIGIT_SPLIT
+    for op in OPS:
+        pairs = [(a, b) for a in TWO_DIGITS for b in TWO_DIGITS if (a, op, b) not in DEMO_PROBLEMS]
+        drawn = rng.sample(pairs, n_val + n_train)
+        val += sorted((a, op, b) for a, b in drawn[:n_val])
+        train += sorted((a, op, b) for a, b in drawn[n_val:])
+    return train, val
 
 
-def files(seed: int = SEED) -> dict[str, str]:
+def render(problems: list[tuple[int, str, int]], demo: list[dict] | None = None) -> str:
+    return "".join(json.dumps(make_row(a, op, b, demo)) + "\n" for a, op, b in problems)
+
+
+def files(task: str = "one_digit", seed: int = SEED) -> dict[str, str]:
     """{file name: its exact text}."""
-    train, val = split(seed)
-    return {"train.jsonl": render(train), "val.jsonl": render(val)}
+    if task == "one_digit":
+        train, val = split(seed)
+        return {"train.jsonl": render(train), "val.jsonl": render(val)}
+    train, val = split_two_digit(seed + 1)
+    return {"train.jsonl": render(train, demo_messages()), "val.jsonl": render(val, demo_messages())}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--out", type=Path, default=OUT, help=f"output folder (default {OUT})")
+    parser.add_argument("--task", choices=["one_digit", "two_digit"], default="one_digit")
+    parser.add_argument("--out", type=Path, default=None, help=f"output folder (default {OUT} or {TWO_DIGIT_OUT})")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ")
     args = parser.parse_args(argv)
+    out = args.out or (OUT if args.task == "one_digit" else TWO_DIGIT_OUT)
     stale = []
-    for name, text in files().items():
-        path = args.out / name
+    for name, text in files(args.task).items():
+        path = out / name
         if args.check:
             if not path.is_file() or path.read_bytes() != text.encode():
                 stale.append(str(path))
         else:
-            args.out.mkdir(parents=True, exist_ok=True)
+            out.mkdir(parents=True, exist_ok=True)
             path.write_bytes(text.encode())
             print(f"wrote {path} ({text.count(chr(10))} rows)")
     if stale:

@@ -14,6 +14,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[0] / "data" / "arithmetic"
+TOOL_DATA = DATA.with_name("arithmetic_tool")
 
 
 def _load(name: str):
@@ -27,8 +28,8 @@ make_data, reward = _load("make_data"), _load("reward")
 arithmetic = reward.arithmetic
 
 
-def read(name: str) -> list[dict]:
-    return [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+def read(name: str, folder: Path = DATA) -> list[dict]:
+    return [json.loads(line) for line in (folder / name).read_text().splitlines()]
 
 
 def triple(row: dict) -> tuple[int, str, int]:
@@ -74,6 +75,33 @@ def test_the_generator_reproduces_the_committed_files_byte_for_byte(tmp_path):
     (tmp_path / "val.jsonl").write_text("")
     assert make_data.main(["--check", "--out", str(tmp_path)]) == 1
     assert make_data.files(seed=1) != make_data.files()  # the seed matters: it is the split
+
+
+def test_the_two_digit_task_is_disjoint_balanced_and_reproduced(tmp_path):
+    train, val = read("train.jsonl", TOOL_DATA), read("val.jsonl", TOOL_DATA)
+    assert Counter(triple(r)[1] for r in val) == {"+": 32, "-": 32, "*": 32}
+    assert Counter(triple(r)[1] for r in train) == {"+": 400, "-": 400, "*": 400}
+    triples = {triple(r) for r in train}, {triple(r) for r in val}
+    demo = set(make_data.DEMO_PROBLEMS)
+    assert len(triples[0]) == 1200 and len(triples[1]) == 96 and not triples[0] & triples[1]
+    assert not (triples[0] | triples[1]) & demo                      # the solved examples are never asked
+    assert all(10 <= a <= 99 and 10 <= b <= 99 for a, _, b in triples[0] | triples[1])
+    row = val[0]
+    a, op, b = triple(row)
+    assert row["prompt"][:-1] == make_data.demo_messages() and row["prompt"][-1]["content"] == f"What is {a} {op} {b}?"
+    assert row["prompt"][1]["content"] == ('<tool_call>{"name": "calculate", "arguments": {"expression": "23 * 41"}}'
+                                           "</tool_call>") and row["prompt"][2] == {"role": "tool", "content": "943"}
+    assert make_data.main(["--task", "two_digit", "--check"]) == 0
+    assert make_data.main(["--task", "two_digit", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "val.jsonl").read_bytes() == (TOOL_DATA / "val.jsonl").read_bytes()
+
+
+def test_the_demo_results_are_the_calculators():
+    from nanoverl_core.builtins.environments import calculate
+    messages = make_data.demo_messages()
+    for call, result in zip(messages[1::4], messages[2::4]):
+        expression = json.loads(call["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))
+        assert calculate(**expression["arguments"]) == result["content"]
 
 
 def truth(value: str) -> dict:

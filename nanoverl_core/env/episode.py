@@ -246,13 +246,15 @@ class EpisodeRollout:
 
 
 def episode_metrics(batch: RLBatch) -> dict[str, float]:
-    """episode/turns/mean, episode/env_tokens/mean (environment tokens per episode), episode/errors and
-    episode/<counter>/mean for every counter the environment reports (tool_calls, tool_errors, ...)."""
+    """episode/turns/mean, episode/env_tokens/mean (environment tokens per episode), episode/errors, and
+    for every counter the environment reports (tool_calls, tool_errors, ...) episode/<counter>/mean (per
+    episode) and episode/<counter>/rate (the share of episodes where it is above 0)."""
     env_tokens = (batch["response_mask"] - batch["loss_mask"]).clamp(min=0).sum(-1)
     out = {"episode/turns/mean": float(batch["num_turns"].float().mean()),
-           "episode/env_tokens/mean": float(env_tokens.mean()),
+           "episode/env_tokens/mean": float(env_tokens.float().mean()),
            "episode/errors": float(batch["episode_failed"].sum())}
     infos = batch["episode_info"]
     for key in sorted({k for info in infos for k in info}):
         out[f"episode/{key}/mean"] = sum(info.get(key, 0.0) for info in infos) / len(infos)
+        out[f"episode/{key}/rate"] = sum(info.get(key, 0.0) > 0 for info in infos) / len(infos)
     return out

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..data import collate
+from ..env import episode_metrics
 from ..reward.scoring import with_episode_rewards
 from ..rollout import SamplingParams
 from ..dist import fork_rng, is_rank0
@@ -43,13 +44,15 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
 
     Returns ({"reward/mean", f"reward/best@{n}", f"reward/pass@{k}" for k in pass_ks(n) (a sample passes
     with a score >= reward.pass_threshold), "reward/errors", "reward/timeouts", "reward/crashes" (failed
-    reward calls, summed), "<source>/reward/mean" (when there are sources)}, up to 16 sample rows).
+    reward calls, summed), "<source>/reward/mean" (when there are sources), and for multi-turn episodes
+    the episode/... metrics of training (turns, tool calls, ...) over all samples}, up to 16 sample rows).
     Runs under a forked RNG seeded from `seed` (the CPU's and every CUDA device's, since re-seeding
     seeds them all), so it leaves the caller's random stream untouched.
     """
     by_source: dict[str, list[float]] = defaultdict(list)
     means, bests, samples, passed = [], [], [], []
     failures: dict[str, float] = defaultdict(float)
+    episodes: dict[str, float] = defaultdict(float)  # sums over samples (episode/errors is a count already)
     with fork_rng():
         torch.manual_seed(seed)
         for start in range(0, len(data), config.data.val_batch_size):
@@ -62,15 +65,20 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             scores = with_episode_rewards(scores, batch)
             for key in ("reward/errors", "reward/timeouts", "reward/crashes"):
                 failures[key] += reward_metrics.get(key, 0.0)
+            if "num_turns" in batch:
+                for key, value in episode_metrics(batch).items():
+                    episodes[key] += value if key == "episode/errors" else value * len(batch)
             per_prompt = scores.view(-1, n)  # (prompts, n)
             passed += (per_prompt >= config.reward.pass_threshold).sum(1).tolist()
             means += per_prompt.mean(1).tolist()
             bests += per_prompt.max(1).values.tolist()
             for source, score in zip(batch["data_source"], scores.tolist()):
                 by_source[source].append(score)
-            samples += [{"prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i])}
+            samples += [{"prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i]),
+                         **({"episode": batch["episode"][i]} if "episode" in batch else {})}
                         for i in range(min(16 - len(samples), len(batch)))]
     metrics = {"reward/mean": sum(means) / len(means), f"reward/best@{n}": sum(bests) / len(bests), **failures}
+    metrics.update({key: value if key == "episode/errors" else value / len(means) / n for key, value in episodes.items()})
     metrics.update({f"reward/pass@{k}": sum(pass_at_k(n, c, k) for c in passed) / len(passed) for k in pass_ks(n)})
     if len(by_source) > 1 or "default" not in by_source:
         metrics.update({f"{src}/reward/mean": sum(v) / len(v) for src, v in sorted(by_source.items())})
@@ -110,6 +118,8 @@ def format_eval(report: dict[str, Any]) -> str:
         sources += [(name, key.removesuffix("/reward/mean"), v) for key, v in m.items()
                     if key.endswith("/reward/mean") and key != "reward/mean"]
     lines += [f"  {name:<10} {source}: {value:.4f}" for name, source, value in sources]
+    lines += [f"  {name:<10} {key}: {value:.4f}" for name, m in report["results"].items()
+              for key, value in m.items() if key.startswith("episode/") and key.endswith(("/mean", "/rate"))]
     return "\n".join(lines)
 
 
