@@ -1,10 +1,11 @@
 """Regenerate tests/data/verl_loss_cases.json: verl's policy losses on random padded float64 batches.
 
 Needs an importable verl 0.9.1 (`verl.trainer.ppo.core_algos` registers `cispo`, `sapo`, `geo_mean`,
-`gpg`, `clip_cov`, `kl_cov`); nanoverl is not imported: the file records verl's answers (the loss, its
-metrics and the gradient of the loss with respect to log_prob), and tests/test_algos_losses_more.py
-checks nanoverl_core.algos.policy_losses against them, so CI needs no verl. verl's import pulls in ray,
-tensordict, omegaconf, codetiming and orjson; a scratch venv that sees torch is enough:
+`gpg`, `clip_cov`, `kl_cov`, `dro`, `dppo_tv`, `dppo_kl`); nanoverl is not imported: the file records
+verl's answers (the loss, its metrics and the gradient of the loss with respect to log_prob), and
+tests/test_algos_losses_more.py checks nanoverl_core.algos.policy_losses against them, so CI needs no
+verl. verl's import pulls in ray, tensordict, omegaconf, codetiming and orjson; a scratch venv that sees
+torch (here through a .pth line naming the project venv's site-packages) is enough:
 
     python -m venv $D/v && $D/v/bin/pip install omegaconf tensordict ray codetiming orjson
     pip download verl==0.9.1 --no-deps -d $D && unzip -q $D/verl-0.9.1-py3-none-any.whl -d $D/src
@@ -41,6 +42,12 @@ LOSSES = [
      {"clip_cov_ratio": 0.05, "clip_cov_lb": 0.2, "clip_cov_ub": 5.0}),
     ("kl_cov", {}, {"kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1}),                # verl's defaults: one token
     ("kl_cov", {}, {"kl_cov_ratio": 0.2, "ppo_kl_coef": 1.0}),
+    ("dro", {}, {"dro_beta": 0.1}),
+    ("dro", {}, {"dro_beta": 2.0}),
+    ("dppo_tv", {"clip_ratio_low": 0.15, "clip_ratio_high": 0.15, "clip_ratio_c": 20.0}, {}),  # verl's DPPO example
+    ("dppo_tv", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.1, "clip_ratio_c": 1.5}, {}),   # + IS truncation
+    ("dppo_kl", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "clip_ratio_c": 20.0}, {}),
+    ("dppo_kl", {"clip_ratio_low": 0.01, "clip_ratio_high": 0.03, "clip_ratio_c": 1.5}, {}),
 ]
 FIXED_MODE = {"sapo": "seq-mean-token-mean", "geo_mean": None}  # verl forces SAPO's mode; GMPO ignores it
 

@@ -1,4 +1,5 @@
-"""CISPO, SAPO, GMPO (geo_mean), GPG, Clip-Cov, KL-Cov: hand-computed numbers, verl 0.9.1's answers, the CLI."""
+"""CISPO, SAPO, GMPO (geo_mean), GPG, Clip-Cov, KL-Cov, DRO, DPPO: hand-computed numbers, verl 0.9.1's answers,
+the command line."""
 
 import json
 import math
@@ -8,14 +9,24 @@ import torch
 
 from conftest import EXAMPLES, ROOT, assert_user_error, run_cli
 from nanoverl_core.algos import (PolicyLossInputs, compute_policy_loss_cispo, compute_policy_loss_clip_cov,
-                                 compute_policy_loss_geo_mean, compute_policy_loss_gpg, compute_policy_loss_kl_cov,
-                                 compute_policy_loss_sapo)
+                                 compute_policy_loss_dppo, compute_policy_loss_dro, compute_policy_loss_geo_mean,
+                                 compute_policy_loss_gpg, compute_policy_loss_kl_cov, compute_policy_loss_sapo)
 from nanoverl_core.builtins.loss_settings import CispoSettings, SapoSettings
 from nanoverl_core.config import ActorConfig
 from nanoverl_core.plugins import load_registry
 
-NEW_LOSSES = ["cispo", "sapo", "geo_mean", "gpg", "clip_cov", "kl_cov"]
+NEW_LOSSES = ["cispo", "sapo", "geo_mean", "gpg", "clip_cov", "kl_cov", "dro", "dppo_tv", "dppo_kl"]
 log = math.log
+
+
+FUNCTIONS = {"cispo": compute_policy_loss_cispo, "sapo": compute_policy_loss_sapo,
+             "geo_mean": compute_policy_loss_geo_mean, "gpg": compute_policy_loss_gpg,
+             "clip_cov": compute_policy_loss_clip_cov, "kl_cov": compute_policy_loss_kl_cov,
+             "dro": compute_policy_loss_dro,
+             "dppo_tv": lambda *a, **kw: compute_policy_loss_dppo(*a, divergence="tv", **kw),
+             "dppo_kl": lambda *a, **kw: compute_policy_loss_dppo(*a, divergence="kl", **kw)}
+HAND_SETTINGS = {"dro": {"beta": 0.5}, "dppo_tv": {"delta_low": 0.15, "delta_high": 0.15},
+                 "dppo_kl": {"delta_low": 0.05, "delta_high": 0.05}}
 
 
 def close(actual, expected, tol=1e-6):
@@ -141,6 +152,52 @@ def test_kl_cov_penalises_the_highest_covariance_tokens():
     close(m["actor/ppo_kl_abs"], 0.3 / 4)
 
 
+def test_dro_pulls_towards_the_sampling_policy_quadratically():
+    # log-ratios 0.5, -1 with A = 1, -2; beta = 2: loss_t = -(A log_prob - (log r)^2)
+    old = torch.tensor([[-1.0, -0.5, 0.0]])
+    log_prob = torch.tensor([[-0.5, -1.5, 60.0]], requires_grad=True)
+    adv, mask = torch.tensor([[1.0, -2.0, 5.0]]), torch.tensor([[1.0, 1, 0]])
+    loss, m = compute_policy_loss_dro(old, log_prob, adv, mask, beta=2.0)
+    close(loss, (-(-0.5 - 0.25) - (3.0 - 1.0)) / 2)  # token 0: -(-0.5 - 0.25); token 1: -(3 - 1)
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    close(grad, [[(-1.0 + 2 * 0.5) / 2, (2.0 + 2 * -1.0) / 2, 0.0]])  # (-A + beta log r) / 2
+    close(m["actor/ppo_kl"], (-0.5 + 1.0) / 2)
+    with pytest.raises(ValueError, match="beta"):
+        compute_policy_loss_dro(old, log_prob, adv, mask, beta=0.0)
+
+
+def test_dppo_tv_drops_the_gradient_of_tokens_whose_probability_moved_too_far():
+    # probabilities q -> p: 0.5 -> 0.6 (A > 0, +0.1: inside 0.15), 0.2 -> 0.4 (A > 0, +0.2: outside),
+    # 0.5 -> 0.3 (A < 0, -0.2: outside), 0.5 -> 0.9 (A < 0: rising is always inside for A < 0).
+    q = torch.tensor([[0.5, 0.2, 0.5, 0.5, 0.5]])
+    p = torch.tensor([[0.6, 0.4, 0.3, 0.9, 0.5]])
+    log_prob = p.log().requires_grad_(True)
+    adv, mask = torch.tensor([[1.0, 1.0, -1.0, -1.0, 3.0]]), torch.tensor([[1.0, 1, 1, 1, 0]])
+    loss, m = compute_policy_loss_dppo(q.log(), log_prob, adv, mask, divergence="tv", delta_low=0.15,
+                                       delta_high=0.15, is_cap=1.5)
+    # inside: token 0, weight 1.2; token 3, weight min(1.8, 1.5) = 1.5. loss_t = -A w log p
+    close(loss, (-1.2 * log(0.6) + 1.5 * log(0.9)) / 4)
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    close(grad, [[-1.2 / 4, 0.0, 0.0, 1.5 / 4, 0.0]])
+    close(m["actor/pg_clipfrac"], 2 / 4)  # tokens 1 and 2
+    close(m["actor/pg_clipfrac_lower"], 1 / 4)  # token 3's weight was truncated
+
+
+def test_dppo_kl_bounds_the_binary_kl_in_the_direction_the_advantage_pushes():
+    # q = 0.5 -> p = 0.6 with A > 0: KL_b = 0.5 log(0.5/0.6) + 0.5 log(0.5/0.4) = 0.020411 (inside 0.05);
+    # q = 0.5 -> p = 0.8 with A > 0: KL_b = 0.5 log(0.5/0.8) + 0.5 log(0.5/0.2) = 0.223144 (outside);
+    # q = 0.5 -> p = 0.2 with A > 0: p fell, which A > 0 does not push: inside whatever the KL.
+    q, p = torch.full((1, 3), 0.5), torch.tensor([[0.6, 0.8, 0.2]])
+    log_prob = p.log().requires_grad_(True)
+    adv, mask = torch.ones(1, 3), torch.ones(1, 3)
+    loss, m = compute_policy_loss_dppo(q.log(), log_prob, adv, mask, divergence="kl", delta_low=0.05,
+                                       delta_high=0.05)
+    close(loss, (-1.2 * log(0.6) - 0.4 * log(0.2)) / 3)
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    close(grad, [[-1.2 / 3, 0.0, -0.4 / 3]])
+    close(m["actor/pg_clipfrac"], 1 / 3)
+
+
 @pytest.mark.parametrize("name", NEW_LOSSES)
 def test_rollout_correction_weights_scale_each_new_loss(name):
     # every valid weight 2: each loss (and its gradient) doubles; on padding the weight is ignored
@@ -149,13 +206,11 @@ def test_rollout_correction_weights_scale_each_new_loss(name):
     old, adv = log_prob.detach() + 0.1 * torch.randn(2, 5), torch.randn(2, 5)
     mask = torch.tensor([[1.0, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
     weights = torch.where(mask.bool(), 2.0, 50.0)
-    fn = {"cispo": compute_policy_loss_cispo, "sapo": compute_policy_loss_sapo, "geo_mean": compute_policy_loss_geo_mean,
-          "gpg": compute_policy_loss_gpg, "clip_cov": compute_policy_loss_clip_cov,
-          "kl_cov": compute_policy_loss_kl_cov}[name]
+    fn, kw = FUNCTIONS[name], HAND_SETTINGS.get(name, {})
     torch.manual_seed(1)
-    plain = fn(old, log_prob, adv, mask)[0]
+    plain = fn(old, log_prob, adv, mask, **kw)[0]
     torch.manual_seed(1)
-    weighted = fn(old, log_prob, adv, mask, rollout_is_weights=weights)[0]
+    weighted = fn(old, log_prob, adv, mask, rollout_is_weights=weights, **kw)[0]
     close(weighted, 2 * plain)
 
 
@@ -165,7 +220,7 @@ def test_registered_losses_read_their_settings_and_drop_constant_metrics_on_poli
     fn = registry.get("policy_loss", name)
     settings_cls = registry.settings_class("policy_loss", name)
     config = ActorConfig()
-    config.settings = settings_cls() if settings_cls else None
+    config.settings = settings_cls(beta=0.1) if name == "dro" else settings_cls() if settings_cls else None
     log_prob = torch.tensor([[-1.0, -0.5, -2.0]])
     adv, mask = torch.tensor([[1.0, -1.0, 0.5]]), torch.tensor([[1.0, 1, 0]])
     loss, metrics = fn(PolicyLossInputs(log_prob, log_prob, adv, mask, on_policy=True), config)
@@ -188,9 +243,6 @@ def test_cispo_and_sapo_read_their_settings():
 
 # ---- verl 0.9.1's answers ---------------------------------------------------------------------------------
 CASES = json.loads((ROOT / "tests" / "data" / "verl_loss_cases.json").read_text())
-FUNCTIONS = {"cispo": compute_policy_loss_cispo, "sapo": compute_policy_loss_sapo,
-             "geo_mean": compute_policy_loss_geo_mean, "gpg": compute_policy_loss_gpg,
-             "clip_cov": compute_policy_loss_clip_cov, "kl_cov": compute_policy_loss_kl_cov}
 # verl metric -> nanoverl metric; None: verl logs a constant 0 there, nanoverl leaves it out
 METRICS = {"cispo": {"actor/pg_clipfrac": "actor/pg_clipfrac", "actor/ppo_kl": "actor/ppo_kl",
                      "actor/pg_clipfrac_lower": None},
@@ -199,19 +251,33 @@ METRICS = {"cispo": {"actor/pg_clipfrac": "actor/pg_clipfrac", "actor/ppo_kl": "
                         "actor/ppo_kl": "actor/ppo_kl"},
            "gpg": {},
            "clip_cov": {"actor/pg_clipfrac": "actor/cov_clipfrac", "actor/ppo_kl": "actor/ppo_kl"},
-           "kl_cov": {"actor/ppo_kl": "actor/ppo_kl_abs"}}
+           "kl_cov": {"actor/ppo_kl": "actor/ppo_kl_abs"},
+           "dro": {"actor/ppo_kl": "actor/ppo_kl"},
+           "dppo_tv": {k: k for k in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")},
+           "dppo_kl": {k: k for k in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")}}
 
 
 def settings_of(case) -> dict:
-    actor, policy = case["actor"], case["policy_loss"]
-    return {"cispo": lambda: {"eps_low": actor["clip_ratio_low"], "eps_high": actor["clip_ratio_high"]},
-            "sapo": lambda: {"tau_pos": actor["tau_pos"], "tau_neg": actor["tau_neg"]},
-            "geo_mean": lambda: {"clip_low": actor["clip_ratio_low"], "clip_high": actor["clip_ratio_high"]},
-            "gpg": dict,
-            "clip_cov": lambda: {"clip_ratio_low": actor["clip_ratio_low"], "clip_ratio_high": actor["clip_ratio_high"],
-                                 "ratio": policy["clip_cov_ratio"], "lower_bound": policy.get("clip_cov_lb", 1.0),
-                                 "upper_bound": policy.get("clip_cov_ub", 5.0)},
-            "kl_cov": lambda: {"ratio": policy["kl_cov_ratio"], "coef": policy["ppo_kl_coef"]}}[case["name"]]()
+    """nanoverl's settings for a case's verl ActorConfig / PolicyLossConfig fields."""
+    actor, policy, name = case["actor"], case["policy_loss"], case["name"]
+    if name == "cispo":
+        return {"eps_low": actor["clip_ratio_low"], "eps_high": actor["clip_ratio_high"]}
+    if name == "sapo":
+        return {"tau_pos": actor["tau_pos"], "tau_neg": actor["tau_neg"]}
+    if name == "geo_mean":
+        return {"clip_low": actor["clip_ratio_low"], "clip_high": actor["clip_ratio_high"]}
+    if name == "clip_cov":
+        return {"clip_ratio_low": actor["clip_ratio_low"], "clip_ratio_high": actor["clip_ratio_high"],
+                "ratio": policy["clip_cov_ratio"], "lower_bound": policy.get("clip_cov_lb", 1.0),
+                "upper_bound": policy.get("clip_cov_ub", 5.0)}
+    if name == "kl_cov":
+        return {"ratio": policy["kl_cov_ratio"], "coef": policy["ppo_kl_coef"]}
+    if name == "dro":
+        return {"beta": policy["dro_beta"]}
+    if name in ("dppo_tv", "dppo_kl"):
+        return {"delta_low": actor["clip_ratio_low"], "delta_high": actor["clip_ratio_high"],
+                "is_cap": actor["clip_ratio_c"]}
+    return {}  # gpg
 
 
 def test_the_cases_cover_every_new_loss_and_mode():
@@ -271,5 +337,7 @@ def test_dry_run_shows_a_loss_settings_and_a_bad_one_exits_2_with_one_line():
     assert json.loads(proc.stdout)["config"]["actor"]["cispo"] == {"eps_low": 10.0, "eps_high": 0.2}
     bad = run_cli("--config", REINFORCE, "--dry-run", "actor.policy_loss=cispo", "actor.cispo.eps_high=0")
     assert_user_error(bad, "config key 'actor.cispo.eps_high'", "must be > 0")
+    bad = run_cli("--config", REINFORCE, "--dry-run", "actor.policy_loss=dro")  # DRO's beta has no default
+    assert_user_error(bad, "config key 'actor.dro.beta'", "must be set")
     bad = run_cli("--config", REINFORCE, "--dry-run", "actor.policy_loss=gpg", "actor.gpg.beta=1")
     assert_user_error(bad, "[actor.gpg] is set, but the policy_loss 'gpg' takes no settings")

@@ -1,4 +1,4 @@
-"""The policy losses beyond PPO's clip: CISPO, SAPO, GMPO (`geo_mean`), GPG, Clip-Cov and KL-Cov.
+"""The policy losses beyond PPO's clip: CISPO, SAPO, GMPO (`geo_mean`), GPG, Clip-Cov, KL-Cov, DRO and DPPO.
 
 Each is a pure `compute_policy_loss_<name>` function (verl 0.9.1's function of the same name, with the
 differences docs/verl-differences.md lists) and a registered wrapper `<name>(inputs, config)` that reads
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from ..builtins.loss_settings import CispoSettings, ClipCovSettings, GeoMeanSettings, KlCovSettings, SapoSettings
+from ..builtins.loss_settings import (CispoSettings, ClipCovSettings, DppoKlSettings, DppoTvSettings, DroSettings,
+                                     GeoMeanSettings, KlCovSettings, SapoSettings)
 from .losses import Metrics, PolicyLossInputs, agg_loss, token_mean_share
 from .utils import masked_mean, masked_sum
 
@@ -139,9 +140,9 @@ def compute_policy_loss_geo_mean(old_log_prob: torch.Tensor, log_prob: torch.Ten
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                     loss_scale_factor=loss_scale_factor)
     outside = torch.ne(log_ratio, clipped)
-    return loss, {"actor/pg_clipfrac": token_mean_share((outside & (advantages > 0)).float(), response_mask, num_tokens),
-                  "actor/pg_clipfrac_lower": token_mean_share((outside & (advantages < 0)).float(), response_mask,
-                                                              num_tokens),
+    upper, lower = (outside & (advantages > 0)).float(), (outside & (advantages < 0)).float()
+    return loss, {"actor/pg_clipfrac": token_mean_share(upper, response_mask, num_tokens),
+                  "actor/pg_clipfrac_lower": token_mean_share(lower, response_mask, num_tokens),
                   "actor/ppo_kl": token_mean_share(-log_ratio, response_mask, num_tokens)}
 
 
@@ -272,3 +273,94 @@ def kl_cov(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
         coef=settings.coef, log_ratio_clamp=config.log_ratio_clamp, rollout_is_weights=inputs.rollout_is_weights,
         **inputs.norms)
     return loss, ({} if inputs.on_policy else metrics)  # ratio 1: the penalty and both metrics are 0
+
+
+# ---- DRO -----------------------------------------------------------------------------------------------------
+def compute_policy_loss_dro(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                            response_mask: torch.Tensor, *, beta: float, loss_agg_mode: str = "token-mean",
+                            num_tokens: float | None = None, num_seqs: float | None = None,
+                            loss_scale_factor: float | None = None,
+                            rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+    """DRO (Direct Reward Optimization, https://arxiv.org/abs/2405.19107): a policy gradient with a
+    quadratic pull towards the sampling policy instead of a clip.
+
+    loss_t = -(A_t log_prob_t - 0.5 beta (log_prob_t - old_log_prob_t)^2), times rollout_is_weights;
+    d loss_t / d log_prob_t = -A_t + beta (log_prob_t - old_log_prob_t). The log-ratio is not clamped
+    (the penalty is a polynomial: nothing overflows).
+    Metrics: actor/ppo_kl (mean of old - new log-prob).
+    """
+    if beta <= 0:
+        raise ValueError(f"beta = {beta} must be > 0 (the DRO penalty weight)")
+    log_ratio = log_prob - old_log_prob  # (B, R)
+    pg_losses = _weighted(-(advantages * log_prob - 0.5 * beta * log_ratio.square()), rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                    loss_scale_factor=loss_scale_factor)
+    return loss, {"actor/ppo_kl": token_mean_share(-log_ratio, response_mask, num_tokens)}
+
+
+def dro(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
+    """Registered as policy loss "dro" ([actor.dro] beta, required)."""
+    if not isinstance(config.settings, DroSettings):
+        raise TypeError("policy loss 'dro' needs its settings: set actor.dro.beta")
+    loss, metrics = compute_policy_loss_dro(
+        inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.loss_mask, beta=config.settings.beta,
+        rollout_is_weights=inputs.rollout_is_weights, **inputs.norms)
+    return loss, ({} if inputs.on_policy else metrics)  # log-ratio 0: the metric is 0 by construction
+
+
+# ---- DPPO (binary TV and binary KL) ------------------------------------------------------------------------------
+def compute_policy_loss_dppo(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                             response_mask: torch.Tensor, *, divergence: str, delta_low: float, delta_high: float,
+                             is_cap: float = 20.0, log_ratio_clamp: float = 20.0, loss_agg_mode: str = "token-mean",
+                             num_tokens: float | None = None, num_seqs: float | None = None,
+                             loss_scale_factor: float | None = None,
+                             rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+    """DPPO (https://arxiv.org/abs/2602.04879): a trust region on the divergence between the sampled
+    token's probabilities p = exp(log_prob), q = exp(old_log_prob), not on their ratio.
+
+    A token is inside the region when, for A_t > 0 (pushing p up) / A_t <= 0 (pushing p down):
+        divergence "tv":  p - q <= delta_high          /  q - p <= delta_low
+        divergence "kl":  p <= q or KL_b <= delta_high  /  p >= q or KL_b <= delta_low, with the binary KL
+                          KL_b = q log(q / p) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8))
+    loss_t = -A_t sg(min(r_t, is_cap)) log_prob_t inside the region, 0 outside (no gradient), times
+    rollout_is_weights. At r = 1 the gradient is vanilla PPO's.
+    Metrics: actor/pg_clipfrac (tokens outside the region), actor/pg_clipfrac_lower (tokens inside
+    whose IS weight was truncated at is_cap), actor/ppo_kl (mean of old - new log-prob).
+    """
+    log_ratio = _log_ratio(log_prob, old_log_prob, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, max=is_cap).detach()  # (B, R)
+    p, q = torch.exp(log_prob.detach()), torch.exp(old_log_prob)
+    if divergence == "tv":
+        rising_ok, falling_ok = p - q <= delta_high, q - p <= delta_low
+    elif divergence == "kl":
+        binary_kl = q * (old_log_prob - log_prob.detach()) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - p + 1e-8))
+        rising_ok, falling_ok = (binary_kl <= delta_high) | (p <= q), (binary_kl <= delta_low) | (p >= q)
+    else:
+        raise ValueError(f"unknown divergence {divergence!r}; choose tv or kl")
+    inside = torch.where(advantages > 0, rising_ok, falling_ok).to(log_prob.dtype)  # (B, R)
+    pg_losses = _weighted(-advantages * weight * log_prob * inside, rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                    loss_scale_factor=loss_scale_factor)
+    truncated = (ratio > is_cap).to(log_prob.dtype) * inside
+    return loss, {"actor/pg_clipfrac": token_mean_share(1.0 - inside, response_mask, num_tokens),
+                  "actor/pg_clipfrac_lower": token_mean_share(truncated, response_mask, num_tokens),
+                  "actor/ppo_kl": token_mean_share(-log_ratio, response_mask, num_tokens)}
+
+
+def _dppo(divergence: str, settings, inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
+    loss, metrics = compute_policy_loss_dppo(
+        inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.loss_mask, divergence=divergence,
+        delta_low=settings.delta_low, delta_high=settings.delta_high, is_cap=settings.is_cap,
+        log_ratio_clamp=config.log_ratio_clamp, rollout_is_weights=inputs.rollout_is_weights, **inputs.norms)
+    return loss, ({} if inputs.on_policy else metrics)  # p = q: every token is inside, nothing truncated
+
+
+def dppo_tv(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
+    """Registered as policy loss "dppo_tv" ([actor.dppo_tv] delta_low, delta_high, is_cap)."""
+    return _dppo("tv", config.settings or DppoTvSettings(), inputs, config)
+
+
+def dppo_kl(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
+    """Registered as policy loss "dppo_kl" ([actor.dppo_kl] delta_low, delta_high, is_cap)."""
+    return _dppo("kl", config.settings or DppoKlSettings(), inputs, config)

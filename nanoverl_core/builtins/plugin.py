@@ -57,6 +57,12 @@ def register_policy_losses(register):
              description="Clip-Cov: PPO clip, and a few high-covariance tokens detached ([actor.clip_cov])")
     register("kl_cov", f"{more}:kl_cov", settings=f"{settings}:KlCovSettings",
              description="KL-Cov: unclipped ratio, |log r| penalty on the highest-covariance tokens ([actor.kl_cov])")
+    register("dro", f"{more}:dro", settings=f"{settings}:DroSettings",
+             description="DRO: -A log-prob plus a quadratic log-ratio penalty ([actor.dro] beta, required)")
+    register("dppo_tv", f"{more}:dppo_tv", settings=f"{settings}:DppoTvSettings",
+             description="DPPO-Binary-TV: no gradient where the token's probability moved too far ([actor.dppo_tv])")
+    register("dppo_kl", f"{more}:dppo_kl", settings=f"{settings}:DppoKlSettings",
+             description="DPPO-Binary-KL: no gradient where the token's binary KL is too large ([actor.dppo_kl])")
 
 
 @hookimpl
