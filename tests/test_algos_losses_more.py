@@ -361,3 +361,13 @@ def test_dry_run_shows_a_loss_settings_and_a_bad_one_exits_2_with_one_line():
     assert_user_error(bad, "config key 'actor.dro.beta'", "must be set")
     bad = run_cli("--config", REINFORCE, "--dry-run", "actor.policy_loss=gpg", "actor.gpg.beta=1")
     assert_user_error(bad, "[actor.gpg] is set, but the policy_loss 'gpg' takes no settings")
+
+
+def test_a_new_loss_trains_by_name_and_logs_its_metrics(tmp_path):
+    proc = run_cli("--config", REINFORCE, "actor.policy_loss=cispo", "actor.cispo.eps_high=0.1", "actor.ppo_epochs=2",
+                   "trainer.total_steps=2", "trainer.val_every=0", "trainer.save_every=0",
+                   f"trainer.output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(math.isfinite(r["actor/pg_loss"]) for r in rows)
+    assert {"actor/pg_clipfrac", "actor/ppo_kl"} <= set(rows[-1]) and "actor/pg_clipfrac_lower" not in rows[-1]
