@@ -89,7 +89,8 @@ def test_an_override_that_switches_the_critic_off_wins_over_the_files_critic_key
 # ---- policy losses ----------------------------------------------------------------------------
 def test_policy_losses_come_from_the_registry_and_an_unknown_one_exits_2():
     registry = load_registry()
-    assert registry.names("policy_loss") == ["gspo", "vanilla"]
+    assert registry.names("policy_loss") == ["cispo", "clip_cov", "dppo_kl", "dppo_tv", "dro", "geo_mean", "gpg",
+                                             "gspo", "kl_cov", "sapo", "vanilla"]
     assert registry.get("policy_loss", "vanilla") is vanilla
     proc = run_cli("--config", str(REINFORCE), "--dry-run", "actor.policy_loss=gpso")
     assert_user_error(proc, "actor.policy_loss = 'gpso'", "did you mean 'gspo'?")

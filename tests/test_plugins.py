@@ -128,30 +128,30 @@ def test_outside_policy_loss_and_rollout_with_their_own_settings_train_by_name(p
     both are listed with descriptions, validated like core keys, shown by --dry-run and used in a run."""
     env = with_plugins(plugin_site, "nanoverl-fixture-ext")
     info = plugins_json(env)["nanoverl-fixture-ext"]
-    assert info["names"] == {"policy_loss": ["cispo"], "rollout": ["capped_debug"]}
-    assert info["descriptions"]["policy_loss"]["cispo"].startswith("CISPO")
+    assert info["names"] == {"policy_loss": ["capped_is"], "rollout": ["capped_debug"]}
+    assert info["descriptions"]["policy_loss"]["capped_is"].startswith("Capped IS")
     assert "capped at [rollout.capped_debug] max_tokens" in info["descriptions"]["rollout"]["capped_debug"]
     listing = run_cli("plugins", env=env).stdout
-    assert "    cispo - CISPO: clipped, detached IS weight" in listing
+    assert "    capped_is - Capped IS: detached IS weight capped" in listing
 
-    args = ["--config", DEBUG, "actor.policy_loss=cispo", "rollout.name=capped_debug", "actor.ppo_epochs=2",
-            "rollout.capped_debug.max_tokens=2", "actor.cispo.eps_high=0.05", "trainer.total_steps=2",
+    args = ["--config", DEBUG, "actor.policy_loss=capped_is", "rollout.name=capped_debug", "actor.ppo_epochs=2",
+            "rollout.capped_debug.max_tokens=2", "actor.capped_is.eps_high=0.05", "trainer.total_steps=2",
             "trainer.val_every=0", f"trainer.output_dir={tmp_path}"]
     dry = run_cli(*args, "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr
     resolved = json.loads(dry.stdout)
     assert resolved["config"]["rollout"]["capped_debug"] == {"max_tokens": 2}
-    assert resolved["config"]["actor"]["cispo"] == {"eps_high": 0.05}
-    assert {"kind": "policy_loss", "name": "cispo", "provider": "nanoverl-fixture-ext"} in resolved["plugins"]
+    assert resolved["config"]["actor"]["capped_is"] == {"eps_high": 0.05}
+    assert {"kind": "policy_loss", "name": "capped_is", "provider": "nanoverl-fixture-ext"} in resolved["plugins"]
 
     proc = run_cli(*args, env=env)
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(r["rollout/response_length/max"] <= 2 for r in rows)  # the rollout's setting took effect
-    assert all(r["actor/cispo_eps_high"] == pytest.approx(0.05) for r in rows)  # and the loss's
-    assert "actor/cispo_clipfrac" in rows[-1] and "actor/pg_clipfrac" not in rows[-1]
+    assert all(r["actor/capped_is_eps_high"] == pytest.approx(0.05) for r in rows)  # and the loss's
+    assert "actor/capped_is_clipfrac" in rows[-1] and "actor/pg_clipfrac" not in rows[-1]
 
-    bad = run_cli(*args, "actor.cispo.eps_hihg=0.1", env=env)
-    assert_user_error(bad, "unknown config key 'actor.cispo.eps_hihg'", "did you mean 'actor.cispo.eps_high'?")
+    bad = run_cli(*args, "actor.capped_is.eps_hihg=0.1", env=env)
+    assert_user_error(bad, "unknown config key 'actor.capped_is.eps_hihg'", "did you mean 'actor.capped_is.eps_high'?")
     bad = run_cli(*args, "rollout.capped_debug.max_tokens=0", env=env)
     assert_user_error(bad, "config key 'rollout.capped_debug.max_tokens'", "must be > 0")

@@ -45,6 +45,24 @@ def register_policy_losses(register):
     losses = "nanoverl_core.algos.losses"
     register("vanilla", f"{losses}:vanilla", description="token-level PPO clip with clip-higher and dual clip")
     register("gspo", f"{losses}:gspo", description="sequence-level ratio, the geometric mean of token ratios (GSPO)")
+    more, settings = "nanoverl_core.algos.policy_losses", f"{_HERE}.loss_settings"
+    register("cispo", f"{more}:cispo", settings=f"{settings}:CispoSettings",
+             description="CISPO: clipped, detached IS weight times A times log-prob ([actor.cispo])")
+    register("sapo", f"{more}:sapo", settings=f"{settings}:SapoSettings",
+             description="SAPO: a soft sigmoid gate on the ratio instead of a clip ([actor.sapo])")
+    register("geo_mean", f"{more}:geo_mean", settings=f"{settings}:GeoMeanSettings",
+             description="GMPO: per sequence, the geometric mean of log-clipped token ratios ([actor.geo_mean])")
+    register("gpg", f"{more}:gpg", description="GPG: plain policy gradient, -A log-prob per token (no ratio, no clip)")
+    register("clip_cov", f"{more}:clip_cov", settings=f"{settings}:ClipCovSettings",
+             description="Clip-Cov: PPO clip, and a few high-covariance tokens detached ([actor.clip_cov])")
+    register("kl_cov", f"{more}:kl_cov", settings=f"{settings}:KlCovSettings",
+             description="KL-Cov: unclipped ratio, |log r| penalty on the highest-covariance tokens ([actor.kl_cov])")
+    register("dro", f"{more}:dro", settings=f"{settings}:DroSettings",
+             description="DRO: -A log-prob plus a quadratic log-ratio penalty ([actor.dro] beta, required)")
+    register("dppo_tv", f"{more}:dppo_tv", settings=f"{settings}:DppoTvSettings",
+             description="DPPO-Binary-TV: no gradient where the token's probability moved too far ([actor.dppo_tv])")
+    register("dppo_kl", f"{more}:dppo_kl", settings=f"{settings}:DppoKlSettings",
+             description="DPPO-Binary-KL: no gradient where the token's binary KL is too large ([actor.dppo_kl])")
 
 
 @hookimpl
