@@ -22,8 +22,9 @@ reward is examples/arithmetic/reward.py.
 The two-digit task (`--task two_digit`, for the calculator tool) asks the same question with a, b in
 10..99: 8100 pairs per operation, too many to list, so for each operation in the order + - * a
 random.Random(SEED + 1) draws 32 held-out and 400 training pairs, disjoint (96 and 1200 rows). Each
-prompt starts with the same two solved examples (DEMO: a call, its result, the answer), which are in
-neither split: without them SmolLM2-135M-Instruct writes no well-formed call in 240 samples.
+prompt starts with the same two solved examples (DEMO_PROBLEMS: a call, its result, the answer as an
+equation), which are in neither split; `--demo answer` ends them "The answer is 943." instead, and
+`--demo none` leaves them out (docs/results.md: what SmolLM2-135M-Instruct does with each).
 """
 
 from __future__ import annotations
@@ -47,9 +48,12 @@ TWO_DIGIT_OUT = OUT.with_name("arithmetic_tool")
 DEMO_PROBLEMS = ((23, "*", 41), (57, "-", 88))
 
 
-def demo_messages() -> list[dict]:
+def demo_messages(style: str = "equation") -> list[dict]:
     """Two solved problems as chat turns: the user asks, the model calls `calculate`, the tool answers,
-    the model gives the result."""
+    the model states the result as an equation ("23 * 41 = 943"; style "answer": "The answer is 943.";
+    "none": no examples, the tool's description alone)."""
+    if style == "none":
+        return []
     messages = []
     for a, op, b in DEMO_PROBLEMS:
         call = {"name": "calculate", "arguments": {"expression": f"{a} {op} {b}"}}
@@ -57,7 +61,8 @@ def demo_messages() -> list[dict]:
         messages += [{"role": "user", "content": f"What is {a} {op} {b}?"},
                      {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
                      {"role": "tool", "content": result},
-                     {"role": "assistant", "content": f"{a} {op} {b} = {result}"}]
+                     {"role": "assistant", "content": f"{a} {op} {b} = {result}" if style == "equation"
+                      else f"The answer is {result}."}]
     return messages
 
 
@@ -98,24 +103,26 @@ def render(problems: list[tuple[int, str, int]], demo: list[dict] | None = None)
     return "".join(json.dumps(make_row(a, op, b, demo)) + "\n" for a, op, b in problems)
 
 
-def files(task: str = "one_digit", seed: int = SEED) -> dict[str, str]:
+def files(task: str = "one_digit", seed: int = SEED, demo: str = "equation") -> dict[str, str]:
     """{file name: its exact text}."""
     if task == "one_digit":
         train, val = split(seed)
         return {"train.jsonl": render(train), "val.jsonl": render(val)}
     train, val = split_two_digit(seed + 1)
-    return {"train.jsonl": render(train, demo_messages()), "val.jsonl": render(val, demo_messages())}
+    return {"train.jsonl": render(train, demo_messages(demo)), "val.jsonl": render(val, demo_messages(demo))}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--task", choices=["one_digit", "two_digit"], default="one_digit")
+    parser.add_argument("--demo", choices=["equation", "answer", "none"], default="equation",
+                        help="two_digit: how the prompt's two solved examples answer (none: no examples)")
     parser.add_argument("--out", type=Path, default=None, help=f"output folder (default {OUT} or {TWO_DIGIT_OUT})")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ")
     args = parser.parse_args(argv)
     out = args.out or (OUT if args.task == "one_digit" else TWO_DIGIT_OUT)
     stale = []
-    for name, text in files(args.task).items():
+    for name, text in files(args.task, demo=args.demo).items():
         path = out / name
         if args.check:
             if not path.is_file() or path.read_bytes() != text.encode():

@@ -96,6 +96,15 @@ def test_the_two_digit_task_is_disjoint_balanced_and_reproduced(tmp_path):
     assert (tmp_path / "val.jsonl").read_bytes() == (TOOL_DATA / "val.jsonl").read_bytes()
 
 
+def test_the_demo_styles_differ_only_in_the_examples_answers():
+    equation, answer = make_data.demo_messages("equation"), make_data.demo_messages("answer")
+    assert [m["content"] for m in equation[3::4]] == ["23 * 41 = 943", "57 - 88 = -31"]
+    assert [m["content"] for m in answer[3::4]] == ["The answer is 943.", "The answer is -31."]
+    assert equation[:3] == answer[:3] and make_data.demo_messages("none") == []
+    rows = make_data.files("two_digit", demo="none")["val.jsonl"].splitlines()
+    assert json.loads(rows[0])["prompt"] == [{"role": "user", "content": "What is 10 + 27?"}]
+
+
 def test_the_demo_results_are_the_calculators():
     from nanoverl_core.builtins.environments import calculate
     messages = make_data.demo_messages()
