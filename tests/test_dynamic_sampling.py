@@ -138,6 +138,8 @@ def test_a_bad_filter_groups_max_rounds_exits_2_naming_the_key(tmp_path):
                       "algorithm.filter_groups_max_rounds is set but algorithm.filter_groups = false")
     assert_user_error(run_cli(*common, "algorithm.filter_groups=true", "algorithm.filter_groups_max_rounds=many"),
                       "algorithm.filter_groups_max_rounds", "expected int")
+    assert_user_error(run_cli(*common, "algorithm.filter_groups=true", "rollout.n=1"),
+                      "algorithm.filter_groups = true needs rollout.n >= 2")
 
 
 KILL_DRIVER = '''
