@@ -87,11 +87,14 @@ def test_resume_from_a_path_that_is_not_a_checkpoint(tmp_path):
 
 def test_filter_groups_drops_uniform_groups_and_counts_them(tmp_path):
     proc = run_cli("--config", REINFORCE, QUIET, "trainer.total_steps=2", "algorithm.filter_groups=true",
-                   "reward.name=exact_match", f"trainer.output_dir={tmp_path}")
+                   "algorithm.filter_groups_max_rounds=2", "reward.name=exact_match", f"trainer.output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     rows = read_metrics(tmp_path)
-    # exact match of an untrained policy is 0 for every sample: every group is uniform and dropped
-    assert rows[0]["rollout/filtered_groups"] == 16
+    # exact match of an untrained policy is 0 for every sample: every group of both rounds is uniform and dropped
+    assert {k: rows[0][k] for k in ("rollout/filtered_groups", "filter/rounds", "filter/kept_groups",
+                                    "filter/batch_full")} == {"rollout/filtered_groups": 32, "filter/rounds": 2,
+                                                              "filter/kept_groups": 0, "filter/batch_full": 0}
+    assert "step 1: every group had equal rewards in 2 rounds; no update" in proc.stderr
 
 
 def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):

@@ -7,7 +7,7 @@ Every function documents the shape and meaning of each tensor; numbers agree wit
 from .advantages import (compute_gae_advantage_return, compute_reinforce_plus_plus_outcome_advantage, gae,
                          reinforce_plus_plus)
 from .chunked_head import logprobs_from_hidden
-from .groups import Groups, filter_uniform_groups, uniform_groups
+from .groups import Groups, filter_uniform_groups, first_groups, uniform_groups
 from .kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_penalty, make_kl_controller
 from .losses import (LOSS_AGG_MODES, PolicyLossInputs, agg_loss, compute_actor_loss, compute_entropy_loss,
                      compute_kl_loss, compute_policy_loss_gspo, compute_policy_loss_vanilla, compute_value_loss,
@@ -28,7 +28,8 @@ __all__ = [
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_outcome_advantage", "compute_rollout_correction", "compute_value_loss",
     "entropy_from_logits", "RolloutCorrection", "rollout_mismatch_metrics", "truncated_sampling_warning",
-    "filter_uniform_groups", "gae", "kl_penalty", "logprobs_from_hidden", "logprobs_from_logits", "loss_totals",
+    "filter_uniform_groups", "first_groups", "gae", "kl_penalty", "logprobs_from_hidden", "logprobs_from_logits",
+    "loss_totals",
     "make_kl_controller", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "reinforce_plus_plus",
     "token_mean_share", "uniform_groups",
 ]

@@ -2,7 +2,8 @@
 
 A group whose sequence scores are all equal gives every row the same group-relative advantage
 (0 for GRPO), so it adds no policy-gradient signal, only noise in the normalisers. DAPO's dynamic
-sampling drops such groups; the trainer does so when `algorithm.filter_groups` is on.
+sampling drops such groups and samples more prompts until the batch is full again; the trainer does so
+when `algorithm.filter_groups` is on (`Trainer.generate_until_full`).
 """
 
 from __future__ import annotations
@@ -81,3 +82,11 @@ def filter_uniform_groups(batch: RLBatch, scores: torch.Tensor) -> tuple[RLBatch
     uniform = uniform_groups(scores, uids)
     dropped = len({u for u, drop in zip(uids, uniform.tolist()) if drop})
     return batch.index(~uniform), dropped
+
+
+def first_groups(batch: RLBatch, k: int) -> RLBatch:
+    """The rows of the batch's first k groups (by first appearance of their uid; row order kept).
+
+    batch: an RLBatch with the non-tensor column `uid`
+    """
+    return batch.index(Groups(batch["uid"]).index < k)

@@ -127,6 +127,15 @@ def algorithm_rules(config: Config) -> None:
                           f"if set, in (0, rs_threshold_high]; got {rc.rs_threshold_high} and {rc.rs_threshold_low}")
     if rc.rs_kl != "off" and rc.rs_kl_threshold <= 0:
         raise ConfigError(f"algorithm.rollout_correction.rs_kl = {rc.rs_kl!r} needs a positive rs_kl_threshold")
+    if alg.filter_groups_max_rounds < 1:
+        raise ConfigError(f"algorithm.filter_groups_max_rounds = {alg.filter_groups_max_rounds} must be at least 1 "
+                          "(the generation rounds one step may take, the first included; 1 = no refill)")
+    if alg.filter_groups and config.rollout.n < 2:
+        raise ConfigError("algorithm.filter_groups = true needs rollout.n >= 2: a group of one has no spread "
+                          "and is always dropped")
+    if not alg.filter_groups and alg.filter_groups_max_rounds != type(alg)().filter_groups_max_rounds:
+        raise ConfigError("algorithm.filter_groups_max_rounds is set but algorithm.filter_groups = false; "
+                          "set algorithm.filter_groups = true or remove the key")
     if not 0 <= alg.gamma <= 1 or not 0 <= alg.lam <= 1:
         raise ConfigError("algorithm.gamma and algorithm.lam must be in [0, 1]")
 

@@ -313,7 +313,12 @@ class AlgorithmConfig:
     whiten_advantages: bool = False
     """GAE: normalise advantages to zero mean / unit variance over valid tokens."""
     filter_groups: bool = False
-    """Drop groups whose rewards are all equal before the update (they carry no signal)."""
+    """DAPO's dynamic sampling: drop groups whose scores are all equal (they carry no signal) and sample
+    more prompts until data.batch_size groups are left, or filter_groups_max_rounds rounds ran."""
+    filter_groups_max_rounds: int = 10
+    """filter_groups: the most generation rounds (data.batch_size fresh prompts, rollout and reward) one step
+    takes, the first included (verl's max_num_gen_batches; 1 = no refill). When they are spent the step
+    trains on the groups it has (the metric filter/batch_full is 0)."""
     mask_truncated: bool = False
     """DAPO overlong filtering (TRL mask_truncated_completions): responses cut at rollout.max_new_tokens
     without EOS are masked out of the loss; their scores still count in group baselines."""

@@ -7,6 +7,9 @@
     5. old log-probs                     11. log, validate, checkpoint
     6. reference log-probs and values
 
+With algorithm.filter_groups, steps 1-4 run in rounds until the batch holds data.batch_size groups
+whose scores differ (`generate_until_full`, DAPO's dynamic sampling).
+
 Each stage is one named call, timed into ``timing/<stage>``, that returns what it adds to the batch;
 the step assigns it. ``response_mask`` (what the rollout produced) never changes; ``loss_mask`` (what the
 update counts) starts from it and named stages narrow it (``loss_mask``, ``correct_rollout``).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import sys
 import time
 import uuid
@@ -27,8 +31,8 @@ from typing import Any
 import attrs
 import torch
 
-from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_uniform_groups, kl_penalty,
-                     make_kl_controller, masked_mean)
+from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_uniform_groups, first_groups, kl_penalty,
+                     make_kl_controller, masked_mean, uniform_groups)
 from ..batch import RLBatch
 from ..config import Config
 from ..data import StatefulSampler, collate, load_prompts
@@ -126,22 +130,12 @@ class Trainer:
         cfg, timing, metrics = self.config, {}, {}
         actor, reference, critic = self.workers.actor, self.workers.reference, self.workers.critic
         with timed(timing, "step"):
-            with timed(timing, "data"):
-                batch = expand(self.next_batch(), cfg.rollout.n)                 # 1-2. prompts, n samples each
-            with timed(timing, "rollout"):
-                batch.update(self.generate(batch))                              # 3. responses
-            metrics.update(rollout_metrics(batch))
-            with timed(timing, "reward"):
-                scored, reward_metrics = self.score(batch)                      # 4. sequence scores
-                batch.update(scored)
-                metrics.update(reward_metrics)
-            batch["loss_mask"] = loss_mask(batch, cfg.algorithm.mask_truncated)  # 4b. the tokens that count
-            if cfg.algorithm.filter_groups:
-                batch, dropped = filter_uniform_groups(batch, batch["score"])
-                metrics["rollout/filtered_groups"] = float(dropped)
-                if len(batch) == 0:
-                    print(f"warning: step {self.step}: every group had equal rewards; no update", file=sys.stderr)
-                    return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
+            batch, generated_metrics = self.generate_until_full(timing)         # 1-4 (rounds of them when
+            metrics.update(generated_metrics)                                   #      filter_groups refills)
+            if len(batch) == 0:
+                print(f"warning: step {self.step}: every group had equal rewards in "
+                      f"{metrics['filter/rounds']:.0f} rounds; no update", file=sys.stderr)
+                return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
             with timed(timing, "old_log_probs"):                              # 5. (~0 s when on-policy: the
                 if not self.on_policy or "rollout_log_probs" in batch:          #    update's own forward)
                     batch["old_log_probs"] = actor.compute_log_probs(batch)
@@ -181,16 +175,58 @@ class Trainer:
         return metrics
 
     # ---- the stages ----------------------------------------------------------------------------------
+    def generate_round(self, timing: dict[str, float], gen_round: int = 0) -> tuple[RLBatch, dict[str, float]]:
+        """Steps 1-4 once: data.batch_size prompts from the loader, rollout.n samples each, their responses,
+        scores and loss_mask; and the reward metrics."""
+        with timed(timing, "data"):
+            batch = expand(self.next_batch(), self.config.rollout.n)           # 1-2. prompts, n samples each
+        with timed(timing, "rollout"):
+            batch.update(self.generate(batch, gen_round))                      # 3. responses
+        with timed(timing, "reward"):
+            scored, reward_metrics = self.score(batch)                         # 4. sequence scores
+            batch.update(scored)
+        batch["loss_mask"] = loss_mask(batch, self.config.algorithm.mask_truncated)  # 4b. the tokens that count
+        return batch, reward_metrics
+
+    def generate_until_full(self, timing: dict[str, float]) -> tuple[RLBatch, dict[str, float]]:
+        """The batch to train on, and the rollout/ and reward/ metrics of everything sampled for it.
+
+        Without algorithm.filter_groups: one round (`generate_round`). With it, DAPO's dynamic sampling:
+        rounds of fresh prompts until data.batch_size groups have scores that are not all equal, or
+        algorithm.filter_groups_max_rounds rounds ran; the batch is the informative groups in sampling
+        order, cut to data.batch_size groups. filter/rounds, filter/kept_groups, filter/batch_full (0
+        when the rounds ran out first) and rollout/filtered_groups (the uniform groups dropped) say how it went.
+        """
+        alg, size = self.config.algorithm, self.config.data.batch_size
+        batch, reward_metrics = self.generate_round(timing)
+        if not alg.filter_groups:
+            return batch, {**rollout_metrics(batch), **reward_metrics}
+        rounds, round_metrics, informative = [batch], [reward_metrics], informative_groups(batch)
+        while informative < size and len(rounds) < alg.filter_groups_max_rounds:
+            batch, reward_metrics = self.generate_round(timing, gen_round=len(rounds))
+            rounds.append(batch)
+            round_metrics.append(reward_metrics)
+            informative += informative_groups(batch)
+        generated = concat_rounds(rounds, self.tokenizer.pad_token_id)
+        kept, dropped = filter_uniform_groups(generated, generated["score"])
+        kept = first_groups(kept, size)                                         # verl: batch[:batch_size * n]
+        kept_groups = min(informative, size)
+        return kept, {**rollout_metrics(generated), **merge_reward_metrics(round_metrics, generated["score"]),
+                      "rollout/filtered_groups": float(dropped), "filter/rounds": float(len(rounds)),
+                      "filter/kept_groups": float(kept_groups), "filter/batch_full": float(kept_groups == size)}
+
     def next_batch(self) -> RLBatch:
         indices = self.sampler.next_indices()
         return collate(self.train_data, indices, self.tokenizer.pad_token_id, self.config.data.data_source_key)
 
-    def generate(self, batch: RLBatch) -> RLBatch:
+    def generate(self, batch: RLBatch, gen_round: int = 0) -> RLBatch:
         """Responses for every row. Under torchrun each rank samples its share of the rows and every
-        rank gets all of them back (dist.shard_rollout), so the steps after the rollout see the whole batch."""
+        rank gets all of them back (dist.shard_rollout), so the steps after the rollout see the whole batch;
+        a step's later generation rounds (algorithm.filter_groups) fork their own seeds."""
         params = self.sampling()
+        seed = (self.config.trainer.seed, self.step, *((gen_round,) if gen_round else ()))
         return shard_rollout(lambda rows: self.rollout.generate(rows, params), batch, row_seeds=not params.greedy,
-                             pad_token_id=self.tokenizer.pad_token_id, seed=(self.config.trainer.seed, self.step))
+                             pad_token_id=self.tokenizer.pad_token_id, seed=seed)
 
     def sampling(self, validation: bool = False) -> SamplingParams:
         r = self.config.rollout
@@ -277,6 +313,39 @@ def loss_mask(batch: RLBatch, mask_truncated: bool) -> torch.Tensor:
     else every response token; with mask_truncated (DAPO's overlong filtering) none of a truncated row's."""
     mask = batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
     return mask * (~batch["truncated"]).to(mask.dtype)[:, None] if mask_truncated else mask.clone()
+
+
+def informative_groups(batch: RLBatch) -> int:
+    """How many of the batch's groups have scores that are not all equal (those filter_groups keeps)."""
+    uniform = uniform_groups(batch["score"], batch["uid"]).tolist()
+    return len({uid for uid, same in zip(batch["uid"], uniform) if not same})
+
+
+def concat_rounds(batches: list[RLBatch], pad_token_id: int) -> RLBatch:
+    """The rows of several generation rounds in order, padded to common widths: prompts (and prompt_mask)
+    on the left, every other (B, width) column on the right (responses with pad_token_id, the rest with 0)."""
+    if len(batches) == 1:
+        return batches[0]
+    batches = [RLBatch(dict(b.tensors), b.non_tensors) for b in batches]
+    for key in [k for k, v in batches[0].tensors.items() if v.dim() == 2]:
+        width = max(b[key].shape[1] for b in batches)
+        left = key in ("prompts", "prompt_mask")
+        fill = pad_token_id if key in ("prompts", "responses") else 0
+        for b in batches:
+            missing = width - b[key].shape[1]
+            b[key] = torch.nn.functional.pad(b[key], (missing, 0) if left else (0, missing), value=fill)
+    return RLBatch.concat(batches)
+
+
+def merge_reward_metrics(rounds: list[dict[str, float]], scores: torch.Tensor) -> dict[str, float]:
+    """The reward metrics of several rounds of equally many rows as over all their rows: counts
+    (reward/errors, reward/timeouts, reward/crashes) summed, means averaged, reward/std over all `scores` (B,)."""
+    counts = ("reward/errors", "reward/timeouts", "reward/crashes")
+    keys = {k: None for r in rounds for k in r}
+    out = {k: (sum if k in counts else statistics.fmean)([r[k] for r in rounds if k in r]) for k in keys}
+    out["reward/mean"] = float(scores.mean())
+    out["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
+    return out
 
 
 def rollout_metrics(batch: RLBatch) -> dict[str, float]:

@@ -164,3 +164,55 @@ def test_eval_scores_the_base_model_and_a_checkpoint_without_touching_the_run(ti
     table = train("eval", "--config", "examples/configs/tiny_grpo.toml", NO_GRPO).stdout
     assert "greedy" in table and "mean@n" in table and "(base)" in table
     assert sorted(str(p) for p in tiny_run.rglob("*")) == before
+
+
+KILL_MID_REFILL = '''
+"""nanoverl-train that SIGKILLs itself in the second generation round of a step from step 3 on."""
+import os, signal, sys
+from nanoverl_core.cli import main
+from nanoverl_core.trainer.trainer import Trainer
+
+generate_round = Trainer.generate_round
+
+
+def killing(self, timing, gen_round=0):
+    if self.step >= 3 and gen_round == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return generate_round(self, timing, gen_round)
+
+
+Trainer.generate_round = killing
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nanoverl_grpo") is None, reason="needs nanoverl-grpo")
+def test_tiny_grpo_with_dynamic_sampling_killed_mid_refill_resumes_identically(tmp_path):
+    """The tiny task with GRPO and algorithm.filter_groups, 2 samples a prompt (many groups score alike, so
+    steps refill, and rounds may differ in response width): SIGKILLed in a step's second round and resumed, it
+    ends with the uninterrupted run's metrics and weights."""
+    import signal
+
+    import torch
+    from safetensors.torch import load_file
+
+    args = ["--config", "examples/configs/tiny_grpo.toml", "trainer.progress=none", "tracking.trackers=[jsonl]",
+            "data.batch_size=8", "rollout.n=2", "algorithm.filter_groups=true", "algorithm.filter_groups_max_rounds=3",
+            "trainer.total_steps=4", "trainer.save_every=1", "trainer.val_every=2"]
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    assert train(*args, f"trainer.output_dir={reference}").returncode == 0
+    driver = tmp_path / "driver.py"
+    driver.write_text(KILL_MID_REFILL)
+    proc = subprocess.run([sys.executable, str(driver), *args, f"trainer.output_dir={run_dir}"], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    resumed = train(*args, f"trainer.output_dir={run_dir}")
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-3000:]
+
+    def rows(folder):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(("timing/", "throughput/"))}
+                for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["filter/rounds"] > 1 for r in rows(reference)[2:])
+    assert rows(run_dir) == rows(reference)
+    a, b = (load_file(str(d / "checkpoints" / "step_000004" / "actor" / "model.safetensors")) for d in (reference, run_dir))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
