@@ -1,17 +1,20 @@
-"""gdpo, gpg and optimal_token_baseline (nanoverl-grpo) through the command line, and what they need of the
-core: each reward component's own score in the batch, the actor's sum of pi^2. Their numbers are pinned in
-plugins/nanoverl-grpo/tests (hand-computed, and against verl 0.9.1's recorded answers)."""
+"""gdpo, gpg and optimal_token_baseline through `nanoverl-train` in a subprocess, as a user runs them:
+listed with a description, their settings in --dry-run, a bad setting or a config gdpo cannot serve exits 2
+with one line, and each trains two steps by name on the debug backends."""
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-import torch
 
-from conftest import EXAMPLES, assert_user_error, read_metrics, run_cli
-
-NEW_ESTIMATORS = ["gdpo", "gpg", "optimal_token_baseline"]
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = ROOT / "examples" / "configs"
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
+NEW_ESTIMATORS = ["gdpo", "gpg", "optimal_token_baseline"]
 SHORT = ["trainer.total_steps=2", "trainer.val_every=0", "trainer.save_every=0", "data.batch_size=4", "rollout.n=4",
          "trainer.progress=none"]
 TWO_REWARDS = '''
@@ -26,6 +29,26 @@ weight = 1.0
 name = "exact_match"
 weight = 0.5
 '''
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "nanoverl_core.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def assert_user_error(proc, *needles: str) -> None:
+    """Exit 2, exactly one stderr line starting with `error:` holding every needle, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def two_rewards(tmp_path) -> str:
@@ -83,45 +106,3 @@ def test_gpg_and_the_optimal_token_baseline_train_by_name(tmp_path, name):
     assert len(rows) == 2 and all(math.isfinite(r["actor/pg_loss"]) for r in rows)
 
 
-def test_the_reward_stage_hands_each_components_score_and_weight_on(tmp_path):
-    from nanoverl_core import load_config, load_registry
-    from nanoverl_core.batch import RLBatch
-    from nanoverl_core.builtins.debug import CharTokenizer
-    from nanoverl_core.builtins.rewards import char_match
-    from nanoverl_core.reward import RewardScorer
-    from nanoverl_core.rollout import responses_to_batch
-
-    tok, registry = CharTokenizer(), load_registry()
-    cfg = load_config(two_rewards(tmp_path), [], registry=registry)
-    responses = ["123", "466"]
-    batch = responses_to_batch([tok.encode(r, add_special_tokens=False) + [tok.eos_token_id] for r in responses],
-                               eos_token_id=[tok.eos_token_id], pad_token_id=0, max_new_tokens=4)
-    rows = [{"target": "123"}, {"target": "456"}]
-    batch.update(RLBatch(non_tensors={"prompt_text": ["123=", "456="], "row": rows, "index": [0, 1]}))
-    out, _ = RewardScorer(cfg.reward, registry).score_batch(batch, tok)
-    match = [char_match("", r, row) for r, row in zip(responses, rows)]   # 1 and 2/3
-    exact = [1.0, 0.0]
-    torch.testing.assert_close(out["component_scores"], torch.tensor([match, exact]).T)
-    torch.testing.assert_close(out["component_weights"], torch.tensor([[1.0, 0.5], [1.0, 0.5]]))
-    torch.testing.assert_close(out["score"], torch.tensor(match) + 0.5 * torch.tensor(exact))
-
-
-def test_the_actor_gives_log_probs_and_the_sum_of_squared_probabilities_in_one_pass():
-    from nanoverl_core import load_config, load_registry
-    from nanoverl_core.testing import prompt_batch
-
-    registry = load_registry()
-    cfg = load_config(REINFORCE, ["rollout.temperature=0.7", "actor.micro_batch_size=2"], registry=registry)
-    workers = registry.get("worker", "debug")(cfg)
-    actor = workers.actor
-    batch = prompt_batch(workers.tokenizer, ["12=", "9876=", "5="])
-    batch["responses"] = torch.randint(3, 12, (3, 4), generator=torch.Generator().manual_seed(0))
-    batch["response_mask"] = (torch.arange(4)[None] < torch.tensor([4, 2, 1])[:, None]).float()
-    log_probs, sum_sq = actor.compute_log_probs_and_sum_pi_squared(batch)
-    torch.testing.assert_close(log_probs, actor.compute_log_probs(batch), rtol=0, atol=1e-6)
-    with torch.no_grad():                                 # by hand: the module's logits at temperature 0.7
-        inputs, width = actor.module_inputs(batch)
-        probs = torch.softmax(actor.module(**inputs).logits[:, -width - 1:-1].float() / 0.7, dim=-1)
-    want = torch.nn.functional.pad((probs ** 2).sum(-1), (0, 4 - width)) * batch["response_mask"]
-    torch.testing.assert_close(sum_sq, want, rtol=0, atol=1e-6)
-    assert (sum_sq[batch["response_mask"] == 1] >= log_probs.exp()[batch["response_mask"] == 1] ** 2 - 1e-6).all()
