@@ -2,6 +2,7 @@
 (gdpo), and the policy's sum of pi^2 per token from the actor (optimal_token_baseline). The estimators
 themselves are in nanoverl-grpo (plugins/nanoverl-grpo/tests)."""
 
+import pytest
 import torch
 
 from conftest import EXAMPLES
@@ -70,3 +71,40 @@ def test_the_actor_gives_log_probs_and_the_sum_of_squared_probabilities_in_one_p
     want = torch.nn.functional.pad((probs ** 2).sum(-1), (0, 4 - width)) * batch["response_mask"]
     torch.testing.assert_close(sum_sq, want, rtol=0, atol=1e-6)
     assert (sum_sq[batch["response_mask"] == 1] >= log_probs.exp()[batch["response_mask"] == 1] ** 2 - 1e-6).all()
+
+
+def test_an_estimator_that_asks_for_sum_pi_squared_gets_it_and_can_refuse_a_config(tmp_path):
+    """A code-registered estimator with requires_sum_pi_squared sees old_log_probs and sum_pi_squared
+    every step, though the debug config's one on-policy update would skip the old log-prob pass; its
+    check_config runs before anything loads."""
+    from nanoverl_core import ConfigError, load_config, load_registry
+    from nanoverl_core.trainer.trainer import Trainer
+
+    seen = []
+
+    def needs_pi(batch, config):
+        seen.append((batch["old_log_probs"].clone(), batch["sum_pi_squared"].clone(), batch["loss_mask"].clone()))
+        adv = batch["token_level_rewards"] * 0
+        return adv, adv
+
+    def refuse_big_batches(config):
+        if config.data.batch_size > 4:
+            raise ConfigError("needs_pi: data.batch_size must be at most 4")
+
+    needs_pi.requires_sum_pi_squared = True
+    needs_pi.check_config = refuse_big_batches
+    registry = load_registry()
+    registry.add("advantage_estimator", "needs_pi", needs_pi, "somebody")
+    overrides = [f"trainer.output_dir={tmp_path}", "tracking.trackers=[jsonl]", "algorithm.advantage_estimator=needs_pi",
+                 "trainer.total_steps=1", "trainer.val_every=0", "trainer.save_every=0", "trainer.progress=none"]
+    with pytest.raises(ConfigError, match="batch_size must be at most 4"):
+        Trainer(load_config(REINFORCE, overrides, registry=registry), registry)
+    cfg = load_config(REINFORCE, [*overrides, "data.batch_size=4", "rollout.n=2"], registry=registry)
+    trainer = Trainer(cfg, registry)
+    assert trainer.on_policy and trainer.needs_sum_pi_squared
+    trainer.fit()
+    ((log_probs, sum_sq, mask),) = seen
+    valid = mask == 1
+    assert log_probs.shape == sum_sq.shape == mask.shape == (8, 4) and (log_probs[valid] < 0).all()
+    assert (sum_sq[valid] >= log_probs.exp()[valid] ** 2 - 1e-6).all() and (sum_sq[valid] <= 1 + 1e-6).all()
+    assert (sum_sq[~valid] == 0).all()

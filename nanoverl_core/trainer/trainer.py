@@ -93,7 +93,7 @@ class Trainer:
             raise ConfigError(f"algorithm.advantage_estimator = {cfg.algorithm.advantage_estimator!r} needs the "
                               "policy's sum of pi^2 per token, but worker.name = "
                               f"{cfg.worker.name!r} has no compute_log_probs_and_sum_pi_squared; use a worker whose "
-                              "actor has it (hf's TorchActor) or another estimator")
+                              "actor has it (a TorchActor: workers debug, hf, fsdp) or another estimator")
         self.step = 0
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.workers)
