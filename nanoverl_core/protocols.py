@@ -45,6 +45,9 @@ class Actor(Protocol):
         nanoverl-vllm load the adapter on its own (``[rollout.vllm] lora_sync = "adapter"``; a
         `TorchActor` with ``weights=nanoverl_hf.lora.LoraWeights()`` has them). Without it that sync
         mode is a ConfigError.
+      * ``compute_log_probs_and_sum_pi_squared``: ``(batch) -> (log_probs, sum_pi_squared)``, both (B, R)
+        as `compute_log_probs`, the second the sum over the vocabulary of pi^2 at each response token;
+        an estimator with ``requires_sum_pi_squared`` needs it (`TorchActor` has it).
     """
 
     module: torch.nn.Module
@@ -194,6 +197,12 @@ class Estimator(Protocol):
     Optional attributes:
       * ``requires_critic``: True if it reads ``values``; selecting it without ``critic.enable`` is then
         a ConfigError before anything loads.
+      * ``requires_sum_pi_squared``: True if it reads ``old_log_probs`` and ``sum_pi_squared`` (B, R), the
+        policy's sum over the vocabulary of pi^2 at each response token; the trainer then computes both
+        every step with the actor's ``compute_log_probs_and_sum_pi_squared`` (a ConfigError at start
+        when the actor has none).
+      * ``check_config``: ``check_config(config: Config)`` raises ConfigError when the config cannot work
+        with it; called before anything loads.
     """
 
     def __call__(self, batch: RLBatch, config: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]: ...

@@ -288,3 +288,17 @@ def test_a_model_that_transforms_its_logits_falls_back_to_the_full_logits(tmp_pa
         (lp, ent), (_, want_ent) = chunked_w.actor.forward(batch, True), plain_w.actor.forward(batch, True)
     torch.testing.assert_close(lp * batch["response_mask"], want, rtol=0, atol=1e-6)
     torch.testing.assert_close(ent, want_ent, rtol=0, atol=1e-6)
+
+
+@pytest.mark.hf
+def test_the_sum_pi_squared_pass_gives_the_chunked_heads_log_probs(tmp_path):
+    """compute_log_probs_and_sum_pi_squared (full logits, for the optimal token baseline) and the chunked
+    compute_log_probs give the same log-probs on a transformers model (logits_to_keep, temperature 0.7)."""
+    workers = _workers(tmp_path, 4)
+    batch = _batch(workers.tokenizer)
+    log_probs, sum_sq = workers.actor.compute_log_probs_and_sum_pi_squared(batch)
+    torch.testing.assert_close(log_probs, workers.actor.compute_log_probs(batch), rtol=0, atol=1e-5)
+    assert workers.actor.chunked_head is not None                   # the chunked path served the second call
+    valid = batch["response_mask"] == 1
+    assert (sum_sq[valid] >= log_probs.exp()[valid] ** 2 - 1e-6).all() and (sum_sq[valid] <= 1).all()
+    assert (sum_sq[~valid] == 0).all()

@@ -17,7 +17,8 @@ from .policy_losses import (compute_policy_loss_cispo, compute_policy_loss_clip_
                             compute_policy_loss_kl_cov, compute_policy_loss_sapo)
 from .rollout_correction import (RolloutCorrection, compute_rollout_correction, rollout_mismatch_metrics,
                                  truncated_sampling_warning)
-from .utils import entropy_from_logits, logprobs_from_logits, masked_mean, masked_sum, masked_var, masked_whiten
+from .utils import (entropy_from_logits, logprobs_from_logits, masked_mean, masked_sum, masked_var, masked_whiten,
+                    sum_pi_squared_from_logits)
 
 __all__ = [
     "AdaptiveKLController", "FixedKLController", "Groups", "LOSS_AGG_MODES", "PolicyLossInputs", "agg_loss",
@@ -31,5 +32,5 @@ __all__ = [
     "filter_uniform_groups", "first_groups", "gae", "kl_penalty", "logprobs_from_hidden", "logprobs_from_logits",
     "loss_totals",
     "make_kl_controller", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "reinforce_plus_plus",
-    "token_mean_share", "uniform_groups",
+    "sum_pi_squared_from_logits", "token_mean_share", "uniform_groups",
 ]

@@ -92,3 +92,17 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
         chunk = logits[start:start + chunks.step].float()                                     # (b, R, V)
         out.append(torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1))
     return torch.cat(out) if out else logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+
+
+@torch.no_grad()
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum over the vocabulary of softmax(logits)^2 per position: exp(logsumexp(2 z) - 2 logsumexp(z)),
+    as verl's `calculate_sum_pi_squared_from_logits` (the optimal token baseline's input).
+
+    logits: (B, R, V). Returns (B, R) float32, in chunks of rows (see logprobs_from_logits). No gradient.
+    """
+    out, chunks = [], _row_chunks(logits)
+    for start in chunks:
+        chunk = logits[start:start + chunks.step].float()                                     # (b, R, V)
+        out.append(torch.exp(torch.logsumexp(2 * chunk, dim=-1) - 2 * torch.logsumexp(chunk, dim=-1)))
+    return torch.cat(out) if out else logits.new_zeros(logits.shape[:-1], dtype=torch.float32)

@@ -4,7 +4,8 @@ A reward is a registered name (`reward.name`), a function in a file the user nam
 which runs that file's code: a warning says so; a verl-style `compute_score(data_source,
 solution_str, ground_truth, extra_info)` runs unchanged), or several of either with weights
 (`[[reward.components]]`): the score is the weighted sum, each component is logged as
-`reward/<name>/mean`.
+`reward/<name>/mean`; the training stage also hands each component's own score and weight on
+(`component_scores`, `component_weights`, (B, K)) for estimators that use them (gdpo).
 
 Where the calls run (`pool.py` has the machinery, `calls.py` the call conventions):
   * per-row rewards run in `reward.workers` worker processes (default), so a reward that hangs,
@@ -169,6 +170,12 @@ class RewardScorer:
         """Sequence scores (B,) and metrics: reward/errors, reward/timeouts, reward/crashes, the batch mean
         of every extra key a reward returns (reward/<key>; with components reward/<name>/<key>) and, with
         components, each one's mean (reward/<name>/mean)."""
+        scores, metrics, _ = self.score_components(batch, response_texts, phase=phase, step=step)
+        return scores, metrics
+
+    def score_components(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train",
+                         step: int | None = None) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """`score`, plus each component's own score (B, K) (0 for a failed call; K = 1 without components)."""
         n, stop = len(response_texts), self.cfg.on_error == "raise"
         sources = batch.non_tensors.get("data_source") or ["default"] * n
         args = [(batch["prompt_text"][i], response_texts[i], batch["row"][i], sources[i]) for i in range(n)]
@@ -188,9 +195,9 @@ class RewardScorer:
                     break
         return self._combine(batch, response_texts, outcomes, phase, step)
 
-    def _combine(self, batch, texts, outcomes, phase, step) -> tuple[torch.Tensor, dict[str, float]]:
+    def _combine(self, batch, texts, outcomes, phase, step) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         n, many = len(texts), len(self.specs) > 1
-        scores, extras = [0.0] * n, defaultdict(list)
+        scores, extras, per_component = [0.0] * n, defaultdict(list), []
         counts = {"errors": 0, "timeouts": 0, "crashes": 0}
         failures = sorted((key, o) for key, o in outcomes.items() if o[0] != "ok")
         if failures:
@@ -215,11 +222,12 @@ class RewardScorer:
                 values.append(value)
                 for key, v in extra.items():
                     extras[prefix + key].append(v)
+            per_component.append(values)
             if many:
                 extras[prefix + "mean"] = values
         metrics = {key: sum(v) / len(v) for key, v in extras.items()}
         metrics.update({f"reward/{k}": float(v) for k, v in counts.items()})
-        return torch.tensor(scores, dtype=torch.float32), metrics
+        return torch.tensor(scores, dtype=torch.float32), metrics, torch.tensor(per_component, dtype=torch.float32).T
 
     def _append_errors(self, records: list[dict]) -> None:
         """Append records to reward_errors.jsonl (rank 0 only: every rank scores the whole batch)."""
@@ -243,22 +251,30 @@ class RewardScorer:
         """(answer scores (B,), response texts, metrics): [reward] on each row's response, for a multi-turn
         episode its last model turn (0 with score_answer off, and for an episode whose environment failed,
         which also goes to reward_errors.jsonl). The environment's rewards are the batch's `turn_rewards`."""
+        scores, texts, metrics, _ = self._score_responses(batch, tokenizer, phase, step)
+        return scores, texts, metrics
+
+    def _score_responses(self, batch, tokenizer, phase, step) -> tuple[torch.Tensor, list[str], dict, torch.Tensor]:
+        """`score_responses` and each component's score (B, K)."""
         texts = decode_responses(tokenizer, batch)
         episodes = "turn_rewards" in batch
         if episodes and not self.score_answer:
-            scores, metrics = torch.zeros(len(batch)), {}
+            scores, metrics, components = torch.zeros(len(batch)), {}, torch.zeros(len(batch), len(self.specs))
         else:
-            scores, metrics = self.score(batch, texts, phase=phase, step=step)
+            scores, metrics, components = self.score_components(batch, texts, phase=phase, step=step)
         if episodes and bool(batch["episode_failed"].any()):
             scores = scores.masked_fill(batch["episode_failed"], 0.0)
+            components = components.masked_fill(batch["episode_failed"][:, None], 0.0)
             self._write_episode_failures(batch, phase, step)
-        return scores, texts, metrics
+        return scores, texts, metrics, components
 
     def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None) -> tuple[RLBatch, dict[str, float]]:
         """The trainer's reward stage: response_text, score (B,) and token_level_scores (B, R), each score on
         its row's last response token (a multi-turn episode's: its last model token, plus each environment
-        reward on the turn it answered), with the overlong penalty (reward.overlong_buffer_len) added."""
-        scores, texts, metrics = self.score_responses(batch, tokenizer, phase="train", step=step)
+        reward on the turn it answered), with the overlong penalty (reward.overlong_buffer_len) added.
+        With [[reward.components]] also component_scores and component_weights (B, K): each component's
+        own score (before its weight) and its weight, on every row."""
+        scores, texts, metrics, components = self._score_responses(batch, tokenizer, "train", step)
         mask = batch["response_mask"]
         if self.max_new_tokens and self.cfg.overlong_buffer_len:
             penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,
@@ -271,7 +287,11 @@ class RewardScorer:
             scores = token_scores.sum(-1)
         metrics["reward/mean"] = float(scores.mean())
         metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        return RLBatch({"score": scores, "token_level_scores": token_scores}, {"response_text": texts}), metrics
+        tensors = {"score": scores, "token_level_scores": token_scores}
+        if self.cfg.components:
+            weights = torch.tensor([spec.weight for spec in self.specs], dtype=torch.float32)
+            tensors.update(component_scores=components, component_weights=weights.expand(len(scores), -1).clone())
+        return RLBatch(tensors, {"response_text": texts}), metrics
 
     def _write_episode_failures(self, batch: RLBatch, phase: str, step: int | None) -> None:
         """Each failed episode (environment.on_error = "zero"), with its turns."""

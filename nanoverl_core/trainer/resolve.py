@@ -27,6 +27,9 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     if getattr(estimator, "requires_critic", False) and not config.critic.enable:
         raise ConfigError(f"algorithm.advantage_estimator = {config.algorithm.advantage_estimator!r} needs a critic; "
                           "set critic.enable = true, or pick an estimator without one (e.g. grpo)")
+    check = getattr(estimator, "check_config", None)    # what else it needs of the config (a ConfigError if not)
+    if check is not None:
+        check(config)
     env = config.environment
     resolved = {"estimator": estimator,
                 "reward": RewardScorer(config.reward, registry, run_dir=config.trainer.output_dir,

@@ -37,6 +37,7 @@ from ..batch import RLBatch
 from ..config import Config
 from ..data import StatefulSampler, collate, load_prompts
 from ..dist import is_rank0, seed_everything, shard_rollout
+from ..errors import ConfigError
 from ..env import episode_metrics
 from ..plugins import Registry
 from ..rollout import SamplingParams
@@ -90,6 +91,13 @@ class Trainer:
         # A reference policy keeps the separate pass (its KL reads the old log-probs before the update).
         self.on_policy = (cfg.actor.ppo_epochs == 1 and self.workers.reference is None
                           and cfg.actor_mini_batch_size == cfg.data.batch_size)
+        # an estimator that reads the policy's sum of pi^2 (the optimal token baseline) gets it with the old log-probs
+        self.needs_sum_pi_squared = bool(getattr(self.estimator, "requires_sum_pi_squared", False))
+        if self.needs_sum_pi_squared and not hasattr(self.workers.actor, "compute_log_probs_and_sum_pi_squared"):
+            raise ConfigError(f"algorithm.advantage_estimator = {cfg.algorithm.advantage_estimator!r} needs the "
+                              "policy's sum of pi^2 per token, but worker.name = "
+                              f"{cfg.worker.name!r} has no compute_log_probs_and_sum_pi_squared; use a worker whose "
+                              "actor has it (a TorchActor: workers debug, hf, fsdp) or another estimator")
         self.step = 0
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.workers)
@@ -137,7 +145,9 @@ class Trainer:
                       f"{metrics['filter/rounds']:.0f} rounds; no update", file=sys.stderr)
                 return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
             with timed(timing, "old_log_probs"):                              # 5. (~0 s when on-policy: the
-                if not self.on_policy or "rollout_log_probs" in batch:          #    update's own forward)
+                if self.needs_sum_pi_squared:                                   #    update's own forward)
+                    batch["old_log_probs"], batch["sum_pi_squared"] = actor.compute_log_probs_and_sum_pi_squared(batch)
+                elif not self.on_policy or "rollout_log_probs" in batch:
                     batch["old_log_probs"] = actor.compute_log_probs(batch)
             if reference is not None:
                 with timed(timing, "ref_log_probs"):

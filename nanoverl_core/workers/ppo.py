@@ -32,7 +32,7 @@ import attrs
 import torch
 
 from ..algos import (PolicyLossInputs, compute_actor_loss, compute_value_loss, entropy_from_logits,
-                     logprobs_from_logits, loss_totals)
+                     logprobs_from_logits, loss_totals, sum_pi_squared_from_logits)
 from ..algos.losses import PolicyLoss
 from ..batch import RLBatch
 from ..config import ActorConfig, Config, CriticConfig, OptimConfig
@@ -222,14 +222,16 @@ class _TorchWorker:
             yield [share.index(rows) for rows in self.micro_batches(share)], norms
 
     @torch.no_grad()
-    def per_row(self, batch: RLBatch, compute: Callable[[RLBatch], torch.Tensor]) -> torch.Tensor:
-        """compute(micro_batch) -> (b, R) over this rank's rows in micro-batches, then every rank's rows
-        reassembled in row order on the CPU, zero on padding: (B, R). A log-prob or value pass."""
+    def per_row(self, batch: RLBatch, compute: Callable[[RLBatch], torch.Tensor], extra: tuple[int, ...] = ()
+                ) -> torch.Tensor:
+        """compute(micro_batch) -> (b, R, *extra) over this rank's rows in micro-batches, then every rank's
+        rows reassembled in row order on the CPU, zero on padding: (B, R, *extra). A log-prob or value pass."""
         def on_rows(rows: RLBatch) -> torch.Tensor:
-            out = torch.zeros(rows["response_mask"].shape, dtype=torch.float32)
+            mask = rows["response_mask"]
+            out = torch.zeros(mask.shape + extra, dtype=torch.float32)
             for group in self.micro_batches(rows):
                 out[group] = compute(rows.index(group)).float().cpu()
-            return out * rows["response_mask"]
+            return out * mask.view(mask.shape + (1,) * len(extra))
         with self.weights.inference(self.module):
             return self.parallel.on_my_rows(batch, on_rows)
 
@@ -298,18 +300,32 @@ class TorchActor(_TorchWorker):
             if scores is None:
                 self.chunked_head = None      # this model's head cannot be split off: full logits from now on
         if scores is None:
-            logits = self.module(**inputs).logits
-            logits = logits[:, -width - 1:-1].float()  # (B, R', V): logits predicting each response token
-            if self.temperature != 1.0:
-                logits = logits / self.temperature
+            logits = self._logits(inputs, width)
             scores = logprobs_from_logits(logits, responses), (entropy_from_logits(logits) if with_entropy else None)
         log_probs, entropy = scores
         full = batch["responses"].shape[1]
         return _pad_right(log_probs, full), (_pad_right(entropy, full) if entropy is not None else None)
 
+    def _logits(self, inputs: dict, width: int) -> torch.Tensor:
+        """(B, R', V) float32 logits predicting each response token, at the rollout temperature."""
+        logits = self.module(**inputs).logits[:, -width - 1:-1].float()
+        return logits / self.temperature if self.temperature != 1.0 else logits
+
     def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) log pi(response token), zero on padding."""
         return self.per_row(batch, lambda mb: self.forward(mb)[0])
+
+    def compute_log_probs_and_sum_pi_squared(self, batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, R) log pi(response token) and (B, R) sum over the vocabulary of pi^2 at each response
+        position, zero on padding, from one pass over the full logits (the optimal token baseline's inputs)."""
+        def both(mb: RLBatch) -> torch.Tensor:
+            inputs, width = self.module_inputs(mb, keep_logits=self.keeps_logits)
+            logits = self._logits(inputs, width)
+            pair = torch.stack([logprobs_from_logits(logits, inputs["input_ids"][:, -width:]),
+                                sum_pi_squared_from_logits(logits)], dim=-1)                  # (b, R', 2)
+            return torch.nn.functional.pad(pair, (0, 0, 0, mb["responses"].shape[1] - width))
+        out = self.per_row(batch, both, extra=(2,))
+        return out[..., 0], out[..., 1]
 
     @property
     def lora(self) -> bool:

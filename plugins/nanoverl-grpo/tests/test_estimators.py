@@ -24,10 +24,11 @@ import torch
 from nanoverl_core.batch import RLBatch
 from nanoverl_core.config import AlgorithmConfig
 from nanoverl_grpo import estimators
-from nanoverl_grpo.estimators import (compute_grpo_advantages, compute_grpo_passk_advantages,
-                                      compute_opo_advantages, compute_reinforce_plus_plus_baseline_advantages,
-                                      compute_rloo_advantages)
-from nanoverl_grpo.settings import GroupNormSettings
+from nanoverl_grpo.estimators import (compute_gdpo_advantages, compute_gpg_advantages, compute_grpo_advantages,
+                                      compute_grpo_passk_advantages, compute_opo_advantages,
+                                      compute_optimal_token_baseline_advantages,
+                                      compute_reinforce_plus_plus_baseline_advantages, compute_rloo_advantages)
+from nanoverl_grpo.settings import GroupNormSettings, OptimalTokenBaselineSettings
 
 
 def grouped(**settings) -> AlgorithmConfig:
@@ -160,13 +161,16 @@ def test_plugin_registers_every_estimator_lazily():
     seen = {}
     pm.hook.register_advantage_estimators(register=lambda name, obj, *, description="", settings=None:
                                           seen.update({name: obj}))
-    assert set(seen) == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk"}
+    assert set(seen) == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gdpo",
+                         "gpg", "optimal_token_baseline"}
+    rows = batch([0, 1, 3, 4])
+    rows["old_log_probs"], rows["sum_pi_squared"] = torch.full((4, 3), -0.5), torch.full((4, 3), 0.4)
     for name, target in seen.items():
         assert isinstance(target, str), name  # lazy: imported only when selected
         module, _, attr = target.partition(":")
         fn = getattr(importlib.import_module(module), attr)
-        adv, ret = fn(batch([0, 1, 3, 4]), AlgorithmConfig())
-        assert adv.shape == (4, 3) and torch.equal(adv, ret), name
+        adv, ret = fn(rows, AlgorithmConfig())
+        assert adv.shape == (4, 3) and (torch.equal(adv, ret) or name == "optimal_token_baseline"), name
 
 
 def test_group_settings_are_read_from_the_config_table_and_validated():
@@ -181,3 +185,135 @@ def test_group_settings_are_read_from_the_config_table_and_validated():
         load_config(debug, ["algorithm.advantage_estimator=grpo", "algorithm.grpo.epsilon=0"], registry=load_registry())
     with pytest.raises(ConfigError, match="takes no settings"):
         load_config(debug, ["algorithm.advantage_estimator=rloo", "algorithm.rloo.epsilon=1"], registry=load_registry())
+
+
+# ---- gpg ---------------------------------------------------------------------------------------------
+def test_gpg_scales_the_group_centred_score_by_the_share_of_non_zero_scores():
+    # scores 2, 1, 0.5, 0, 0, 1, 0, 1: five are not 0 -> alpha = 8 / 5 = 1.6
+    # score - group mean (as rloo's table above): 1, 2/3, 0.5 (alone), -1/3, -1, 0 (all equal), -1/3, 0
+    check(estimators.gpg(batch(), AlgorithmConfig()), [1.6, 1.6 * 2 / 3, 0.8, -1.6 / 3, -1.6, 0.0, -1.6 / 3, 0.0])
+    # rows 0, 3, 4, 6: scores 2, 0, 0, 0, one non-zero -> alpha 4; q2 centred +-1, q1 (two zeros) all equal
+    check(estimators.gpg(batch([0, 3, 4, 6]), AlgorithmConfig()), [4.0, 0.0, -4.0, 0.0], mask=MASK[[0, 3, 4, 6]])
+
+
+def test_gpg_with_every_score_zero_gives_zero():
+    adv, _ = compute_gpg_advantages(torch.zeros(4, 2), torch.ones(4, 2), ["a", "a", "b", "c"])
+    assert (adv == 0).all()
+
+
+# ---- gdpo --------------------------------------------------------------------------------------------
+# rows: uid a, a, b, b with 2, 1, 2, 2 valid tokens (width 2); two rewards, weights 1 and 0.5
+GDPO_MASK = torch.tensor([[1.0, 1], [1, 0], [1, 1], [1, 1]])
+GDPO_SCORES = torch.tensor([[1.0, 3.0], [0.0, 1.0], [1.0, 4.0], [1.0, 0.0]])
+
+
+def test_gdpo_normalises_each_reward_in_its_group_then_whitens_the_weighted_sum():
+    # reward 1: a = {1, 0}: +-0.5 / sqrt(0.5) = +-1/sqrt 2; b = {1, 1} all equal: 0
+    # reward 2: a = {3, 1}: +-1 / sqrt 2; b = {4, 0}: +-2 / sqrt 8 = +-1/sqrt 2
+    # sum with weights 1, 0.5: k (3, -3, 1, -1), k = 1 / (2 sqrt 2). Over the 7 valid tokens
+    # (3, 3, -3, 1, 1, -1, -1) k: mean 3k/7, unbiased var k^2 (31 - 9/7) / 6 = k^2 208/42, std 2.225393 k;
+    # A = (x - 3/7) / 2.225393 (k cancels; epsilon and whitening's 1e-8 move the 7th digit)
+    adv, ret = compute_gdpo_advantages(GDPO_SCORES, [1.0, 0.5], GDPO_MASK, ["a", "a", "b", "b"])
+    check((adv, ret), [1.155493, -1.540658, 0.256777, -0.641941], mask=GDPO_MASK)
+
+
+def test_gdpo_is_not_grpo_on_the_weighted_sum():
+    # GRPO on the summed score 2.5, 0.5 | 3, 1 gives every row +-0.707 before whitening: the large
+    # reward 2 decides alone; gdpo gives the a rows (where reward 1 differs) three times the b rows' advantage
+    adv, _ = compute_gdpo_advantages(GDPO_SCORES, [1.0, 0.5], GDPO_MASK, ["a", "a", "b", "b"])
+    summed = (GDPO_SCORES * torch.tensor([1.0, 0.5])).sum(-1, keepdim=True)
+    grpo_then_whiten, _ = compute_gdpo_advantages(summed, [1.0], GDPO_MASK, ["a", "a", "b", "b"])
+    assert not torch.allclose(adv, grpo_then_whiten, atol=1e-3)
+    raw = adv[:, 0] * 2.225393 / (1 / (2 * 2 ** 0.5))  # undo the whitening's scale: k (3, -3, 1, -1) shifted
+    torch.testing.assert_close(raw[0] - raw[1], 3 * (raw[2] - raw[3]), rtol=0, atol=1e-4)
+
+
+def test_gdpo_groups_of_one_and_equal_groups_follow_grpo():
+    # a group of one keeps its score (mean 0, std 1); reward 2 all equal in both groups: adds 0
+    scores = torch.tensor([[2.0, 5.0], [1.0, 5.0], [0.0, 5.0], [4.0, 7.0]])
+    mask = torch.ones(4, 1)
+    adv, _ = compute_gdpo_advantages(scores, [1.0, 1.0], mask, ["a", "a", "a", "z"])
+    # reward 1: a = {2, 1, 0}: mean 1, std 1 -> 1, 0, -1 (/(1 + 1e-6)); z alone: 4 / (1 + 1e-6)
+    # reward 2: a all equal -> 0; z alone: 7 / (1 + 1e-6) -> row sums 1, 0, -1, 11 (1e-6 aside)
+    # whitened over 4 tokens: mean 11/4, unbiased var (1 + 0 + 1 + 121 - 4 (11/4)^2) / 3 = 30.916667
+    expected = (torch.tensor([1.0, 0.0, -1.0, 11.0]) - 2.75) / 30.916667 ** 0.5
+    torch.testing.assert_close(adv[:, 0], expected, rtol=0, atol=2e-6)
+
+
+def test_gdpo_reads_the_reward_components_from_the_batch():
+    b = RLBatch.from_dict({"token_level_rewards": torch.zeros(4, 2), "loss_mask": GDPO_MASK,
+                           "component_scores": GDPO_SCORES, "component_weights": torch.tensor([[1.0, 0.5]] * 4)},
+                          non_tensors={"uid": ["a", "a", "b", "b"]})
+    check(estimators.gdpo(b, AlgorithmConfig()), [1.155493, -1.540658, 0.256777, -0.641941], mask=GDPO_MASK)
+    # without components (one reward): GRPO on the score, whitened over the tokens
+    alone = RLBatch.from_dict({"token_level_rewards": REWARDS, "loss_mask": MASK}, non_tensors={"uid": UIDS})
+    grpo, _ = compute_grpo_advantages(REWARDS, MASK, UIDS)
+    from nanoverl_core.algos import masked_whiten
+    check(estimators.gdpo(alone, AlgorithmConfig()), (masked_whiten(grpo, MASK) * MASK)[:, 0].tolist(), mask=MASK)
+
+
+def test_gdpo_refuses_weights_that_do_not_match_the_components():
+    with pytest.raises(ValueError, match="2 reward components but 1 weights"):
+        compute_gdpo_advantages(GDPO_SCORES, [1.0], GDPO_MASK, ["a", "a", "b", "b"])
+
+
+# ---- optimal token baseline -------------------------------------------------------------------------
+# group g: row 0 (3 tokens, reward 1 on the last), row 1 (2 tokens, reward 0); row 2 alone (2 tokens,
+# rewards 0.5 and 1.0 on its tokens). pi = exp(old_log_prob); w = 1 - 2 pi + sum pi^2.
+#   row 0: pi 0.5, 0.5, 0.5 with sum pi^2 0.5  -> w 0.5, 0.5, 0.5 -> W 0.5, 1.0, 1.5
+#   row 1: pi 0.25, 0.5 with sum pi^2 0.25, 0.5 -> w 0.75, 0.5     -> W 0.75, 1.25
+# Padding holds garbage.
+OTB_MASK = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 0]])
+OTB_REWARDS = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 9.0], [0.5, 1.0, 9.0]])
+OTB_OLD = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.25, 0.5, 0.9], [0.5, 0.5, 0.9]]))
+OTB_SUM_SQ = torch.tensor([[0.5, 0.5, 0.5], [0.25, 0.5, 7.0], [0.5, 0.5, 7.0]])
+OTB_UIDS = ["g", "g", "alone"]
+
+
+def otb(weights=None, **settings):
+    return compute_optimal_token_baseline_advantages(OTB_REWARDS, OTB_MASK, OTB_UIDS, OTB_OLD, OTB_SUM_SQ, weights,
+                                                     **settings)
+
+
+def test_optimal_token_baseline_weights_each_positions_baseline_by_the_path_variance():
+    # returns (reward-to-go): row 0: 1, 1, 1; row 1: 0, 0; row 2: 1.5, 1.0
+    # t0: B = (1 0.5 + 0 0.75) / 1.25 = 0.4; t1: B = (1 1.0 + 0) / 2.25 = 4/9; t2: only row 0 runs, and it
+    # is the group's single longest row: B = 0 there (zero tail). Row 2 alone: B = 0, A = G.
+    adv, ret = otb()
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1, 1], [0, 0, 0], [1.5, 1.0, 0]]), rtol=0, atol=0)
+    torch.testing.assert_close(adv, torch.tensor([[0.6, 5 / 9, 1.0], [-0.4, -4 / 9, 0], [1.5, 1.0, 0]]),
+                               rtol=0, atol=1e-6)
+
+
+def test_optimal_token_baseline_without_the_zero_tail_rule_uses_the_longest_row_alone():
+    # t2: B = 1 1.5 / (1.5 + 1e-8) -> A ~ 0
+    adv, _ = otb(handle_zero_tail=False)
+    torch.testing.assert_close(adv[0], torch.tensor([0.6, 5 / 9, 0.0]), rtol=0, atol=1e-6)
+
+
+def test_optimal_token_baseline_scales_the_path_variance_by_the_squared_is_weight():
+    # row 1's weight 2 at t0: w = 0.75 4 = 3 -> W 3, 3.5; t0: B = 0.5 / 3.5; t1: B = 1 / 4.5
+    weights = torch.tensor([[1.0, 1, 1], [2, 1, 5], [1, 1, 5]])
+    adv, _ = otb(weights)
+    torch.testing.assert_close(adv[:2, :2], torch.tensor([[1 - 1 / 7, 1 - 2 / 9], [-1 / 7, -2 / 9]]),
+                               rtol=0, atol=1e-6)
+
+
+def test_optimal_token_baseline_keeps_the_tail_baseline_when_two_rows_tie_for_the_longest():
+    mask = torch.ones(2, 2)
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 3.0]])
+    adv, _ = compute_optimal_token_baseline_advantages(rewards, mask, ["g", "g"], torch.log(torch.full((2, 2), 0.5)),
+                                                       torch.full((2, 2), 0.5), None)
+    # every w = 0.5, W = 0.5, 1.0 on both rows: B = the plain mean 2 at both positions
+    torch.testing.assert_close(adv, torch.tensor([[-1.0, -1.0], [1.0, 1.0]]), rtol=0, atol=1e-6)
+
+
+def test_optimal_token_baseline_reads_the_policy_statistics_from_the_batch():
+    b = RLBatch.from_dict({"token_level_rewards": OTB_REWARDS, "loss_mask": OTB_MASK, "old_log_probs": OTB_OLD,
+                           "sum_pi_squared": OTB_SUM_SQ}, non_tensors={"uid": OTB_UIDS})
+    config = AlgorithmConfig()
+    config.settings = OptimalTokenBaselineSettings(handle_zero_tail=False)
+    torch.testing.assert_close(estimators.optimal_token_baseline(b, config), otb(handle_zero_tail=False))
+    b["rollout_is_weights"] = torch.tensor([[1.0, 1, 1], [2, 1, 5], [1, 1, 5]])
+    torch.testing.assert_close(estimators.optimal_token_baseline(b, AlgorithmConfig()), otb(b["rollout_is_weights"]))
+    assert estimators.optimal_token_baseline.requires_sum_pi_squared

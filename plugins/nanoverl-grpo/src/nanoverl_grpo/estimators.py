@@ -4,7 +4,9 @@ Every estimator scores a response by one number, score_i = sum over t of token_l
 (the reward sits on the last valid token, minus any in-reward KL), compares it with the other
 responses sampled from the same prompt (rows sharing a `uid`, in any order), and broadcasts the
 resulting scalar advantage over the response's tokens that count (the batch's `loss_mask`). Outputs are (B, R), zero on padding,
-and returns = advantages (there is no critic), as in verl's `core_algos.py`.
+and returns = advantages (there is no critic), as in verl's `core_algos.py`. Two differ: gdpo does this
+for each of several rewards ([[reward.components]]) on its own before combining them, and
+optimal_token_baseline compares reward-to-go position by position (its returns are the reward-to-go).
 
 Shared conventions (pinned by tests/test_estimators.py):
   * a group of one has baseline 0 (and std 1 for GRPO): its advantage is its own score (GRPO:
@@ -24,12 +26,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanoverl_core.algos import Groups, masked_whiten
+from nanoverl_core.errors import ConfigError
 
-from .settings import GroupNormSettings
+from .settings import GroupNormSettings, OptimalTokenBaselineSettings
 
 if TYPE_CHECKING:
     from nanoverl_core import RLBatch
-    from nanoverl_core.config import AlgorithmConfig
+    from nanoverl_core.config import AlgorithmConfig, Config
 
 Tensors = tuple[torch.Tensor, torch.Tensor]
 
@@ -149,6 +152,88 @@ def compute_grpo_passk_advantages(token_level_rewards: torch.Tensor, response_ma
     return _broadcast(advantage, response_mask)
 
 
+@torch.no_grad()
+def compute_gdpo_advantages(component_scores: torch.Tensor, weights: Sequence[float], response_mask: torch.Tensor,
+                            uids: Sequence[Hashable], *, epsilon: float = 1e-6, norm_by_std: bool = True) -> Tensors:
+    """GDPO (https://arxiv.org/abs/2601.05242), verl `compute_gdpo_outcome_advantage`.
+
+    component_scores: (B, K) each row's score from each of K rewards; weights: K numbers;
+    response_mask: (B, R); uids: B group ids.
+    Each reward is normalised within its group on its own (GRPO's A_k, with its group-of-one and
+    all-equal rules), A = sum_k w_k A_k, broadcast over valid tokens and whitened over all valid
+    tokens of the batch, so a reward with a large spread cannot drown a small one. Needs at least 2
+    valid tokens in the batch. With K = 1 this is GRPO followed by batch whitening.
+    """
+    if component_scores.shape[1] != len(weights):
+        raise ValueError(f"{component_scores.shape[1]} reward components but {len(weights)} weights")
+    combined = torch.zeros_like(response_mask, dtype=component_scores.dtype)
+    for k, weight in enumerate(weights):
+        adv, _ = compute_grpo_advantages(component_scores[:, k:k + 1], response_mask, uids, epsilon=epsilon,
+                                         norm_by_std=norm_by_std)
+        combined = combined + weight * adv
+    adv = masked_whiten(combined, response_mask) * response_mask
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_gpg_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                           uids: Sequence[Hashable]) -> Tensors:
+    """GPG (https://arxiv.org/abs/2504.02546), verl `compute_gpg_outcome_advantage`.
+
+    token_level_rewards: (B, R); response_mask: (B, R); uids: B group ids.
+    A_i = alpha (score_i - mean_g), alpha = B / (number of rows whose score is not 0), the batch's
+    correction for rows that carry no gradient (verl's; 1 when every score is 0). Group of one:
+    mean 0, A = alpha score. All-equal group: A = 0. No std division (verl's f_norm is 1).
+    """
+    scores, groups = _setup(token_level_rewards, uids)
+    alpha = len(scores) / max(int(torch.count_nonzero(scores)), 1)
+    mean = torch.where(groups.singleton(), torch.zeros_like(scores), groups.mean(scores)[groups.index])
+    return _broadcast(alpha * _centered(scores, mean, groups), response_mask)
+
+
+@torch.no_grad()
+def compute_optimal_token_baseline_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                              uids: Sequence[Hashable], old_log_probs: torch.Tensor,
+                                              sum_pi_squared: torch.Tensor,
+                                              rollout_is_weights: torch.Tensor | None = None, *,
+                                              handle_zero_tail: bool = True, epsilon: float = 1e-8) -> Tensors:
+    """Optimal token baseline, verl `compute_optimal_token_baseline_advantage`.
+
+    token_level_rewards, response_mask, old_log_probs, sum_pi_squared (sum over the vocabulary of
+    pi(v)^2 at each position, under the policy that gave old_log_probs), rollout_is_weights: (B, R);
+    uids: B group ids. Returns (advantages, returns), both (B, R), 0 outside the mask.
+
+    G_t is the reward-to-go. Each position gets its own baseline per group, the mean of G_t over the
+    group's rows weighted by W_t = sum_{j <= t} w_j, with w_j = 1 - 2 pi(y_j) + sum pi^2 (times
+    rho_j^2 with rollout-correction weights): B_t = sum_i G_t W_t / (sum_i W_t + epsilon) over the
+    rows still running at t. A_t = G_t - B_t. Group of one: B = 0, A = G. With handle_zero_tail,
+    the single longest row of a group gets B = 0 past the second-longest row's length (no other row
+    to compare with there).
+    """
+    if len(uids) != token_level_rewards.shape[0]:
+        raise ValueError(f"{token_level_rewards.shape[0]} rows but {len(uids)} uids; every row needs a uid")
+    mask = response_mask.to(token_level_rewards.dtype)
+    returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)                  # G_t, (B, R)
+    w = 1 - 2 * old_log_probs.exp() + sum_pi_squared
+    if rollout_is_weights is not None:
+        w = w * rollout_is_weights ** 2
+    path = (w * mask).cumsum(-1)                                                        # W_t, (B, R)
+    groups = Groups(uids, token_level_rewards.device)
+    baselines = torch.zeros_like(returns)
+    for g in range(groups.num):
+        rows = (groups.index == g).nonzero().flatten()
+        if rows.numel() < 2:
+            continue
+        m = mask[rows]
+        baseline = (returns[rows] * path[rows] * m).sum(0) / ((path[rows] * m).sum(0) + epsilon)   # (R,)
+        baselines[rows] = baseline
+        lengths = m.sum(-1)
+        longest, second = torch.sort(lengths).values[-2:].long().tolist()[::-1]
+        if handle_zero_tail and longest > second and int((lengths == longest).sum()) == 1:
+            baselines[rows[lengths.argmax()], second:] = 0.0
+    return (returns - baselines) * mask, returns * mask
+
+
 # ---- adapters: fn(batch, config) -> (advantages, returns) -------------------------------------------
 def _inputs(batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor, list]:
     return batch["token_level_rewards"], batch["loss_mask"], batch["uid"]
@@ -189,3 +274,48 @@ def grpo_passk(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
     """Pass@k: only each group's best response is reinforced ([algorithm.grpo_passk] as for grpo)."""
     s = _norm(config)
     return compute_grpo_passk_advantages(*_inputs(batch), epsilon=s.epsilon, norm_by_std=s.norm_by_std)
+
+
+def gdpo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """GDPO: each [[reward.components]] reward normalised within its group, then weighted, summed and
+    whitened ([algorithm.gdpo] as for grpo). Without components: GRPO on the score, then whitened."""
+    s = _norm(config)
+    if "component_scores" in batch:
+        scores, weights = batch["component_scores"], batch["component_weights"][0].tolist()
+    else:
+        scores, weights = batch["token_level_rewards"].sum(-1, keepdim=True), [1.0]
+    return compute_gdpo_advantages(scores.to(batch["token_level_rewards"].dtype), weights, batch["loss_mask"],
+                                   batch["uid"], epsilon=s.epsilon, norm_by_std=s.norm_by_std)
+
+
+def _check_gdpo(config: Config) -> None:
+    """gdpo normalises each component's own score: nothing else may be added to the score."""
+    if not config.reward.components:
+        return
+    extra = [key for key, on in (("reward.overlong_buffer_len", config.reward.overlong_buffer_len),
+                                 ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward),
+                                 ("environment.name", config.environment.name)) if on]
+    if extra:
+        raise ConfigError(f"algorithm.advantage_estimator = 'gdpo' normalises each [[reward.components]] score on "
+                          f"its own, so it would ignore what {extra[0]} adds to the score; unset {extra[0]}, or "
+                          "use grpo on the combined score")
+
+
+gdpo.check_config = _check_gdpo
+
+
+def gpg(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """GPG: group mean baseline scaled by the batch's share of non-zero scores."""
+    return compute_gpg_advantages(*_inputs(batch))
+
+
+def optimal_token_baseline(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """Optimal token baseline: a per-position group baseline weighted by the path variance so far."""
+    s = config.settings if isinstance(config.settings, OptimalTokenBaselineSettings) \
+        else OptimalTokenBaselineSettings()
+    weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch else None
+    return compute_optimal_token_baseline_advantages(*_inputs(batch), batch["old_log_probs"], batch["sum_pi_squared"],
+                                                     weights, handle_zero_tail=s.handle_zero_tail, epsilon=s.epsilon)
+
+
+optimal_token_baseline.requires_sum_pi_squared = True
