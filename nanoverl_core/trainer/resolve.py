@@ -8,7 +8,7 @@ from typing import Any
 from ..algos.rollout_correction import truncated_sampling_warning
 from ..config import Config, component_settings
 from ..errors import ConfigError
-from ..plugins import Registry
+from ..plugins import Registry, install_hint
 from ..reward import RewardScorer
 
 
@@ -83,7 +83,7 @@ def _check_lora_worker(config: Config, registry: Registry) -> None:
     if not _supports_lora(registry, config.worker.name):
         able = ", ".join(name for name in registry.names("worker") if _supports_lora(registry, name))
         raise ConfigError(f"model.lora.enable = true, but worker.name = {config.worker.name!r} cannot train a LoRA "
-                          f"adapter; valid choices: {able or 'none installed (pip install nanoverl-hf)'}, "
+                          f"adapter; valid choices: {able or 'none installed (' + install_hint('hf') + ')'}, "
                           "or set model.lora.enable = false")
 
 
