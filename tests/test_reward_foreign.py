@@ -28,11 +28,9 @@ def compute_score(solution_str, ground_truth, method="strict", format_score=0.0,
 '''
 
 TRL_REWARD = '''
-SEEN = []
-
-
 def reward_len_and_answer(prompts, completions, target, **kwargs):
-    """TRL's contract: lists in, one float (or None) per completion out."""
+    """TRL's contract: lists in, one float (or None) per completion out; the prompt column comes as prompts."""
+    assert "prompt" not in kwargs and len(kwargs["data_source"]) == len(prompts), sorted(kwargs)
     out = []
     for prompt, completion, truth, source in zip(prompts, completions, target, kwargs["data_source"]):
         text = completion[0]["content"] if isinstance(completion, list) else completion

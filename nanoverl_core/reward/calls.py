@@ -149,14 +149,15 @@ def check_signature(fn: Callable, style: str, where: str) -> None:
                           f"it may take {', '.join(VERL_ARGS)} (give any other parameter a default)")
 
 
-def trl_arguments(prompts: list[Any], responses: list[str], rows: list[dict]) -> dict[str, Any]:
-    """TRL's reward-function call for a batch: `prompts` (each row's prompt as written: text or a chat
-    list), `completions` (the response text; for a chat prompt [{"role": "assistant", "content": text}])
-    and every other column of the rows, as a list over the batch (TRL passes dataset columns so)."""
+def trl_arguments(responses: list[str], rows: list[dict], prompt_key: str) -> dict[str, Any]:
+    """TRL's reward-function call for a batch: `prompts` (each row's prompt column as written: text or a
+    chat list), `completions` (the response text; for a chat prompt [{"role": "assistant", "content":
+    text}]) and every other column of the rows as a list over the batch, as TRL passes dataset columns."""
+    prompts = [row.get(prompt_key) for row in rows]
     completions = [[{"role": "assistant", "content": r}] if isinstance(p, list) else r
                    for p, r in zip(prompts, responses)]
-    columns = {key: [row.get(key) for row in rows] for row in rows for key in row}
-    return {**columns, "prompts": prompts, "completions": completions}
+    keys = dict.fromkeys(key for row in rows for key in row if key != prompt_key)
+    return {**{key: [row.get(key) for row in rows] for key in keys}, "prompts": prompts, "completions": completions}
 
 
 def ground_truth_value(sample: dict) -> Any:

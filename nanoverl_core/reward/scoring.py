@@ -147,8 +147,7 @@ class RewardScorer:
         fn, spec, trl = self.fns[c], self.specs[c], self.styles[c] == "trl"
         try:
             if trl:
-                raw = [row.get(self.prompt_key) for row in rows]
-                out = fn(**accepted(fn, trl_arguments(raw, responses, rows)))
+                out = fn(**accepted(fn, trl_arguments(responses, rows, self.prompt_key)))
             else:
                 out = fn(prompts, responses, rows, **({"settings": spec.settings} if spec.settings is not None else {}))
         except RewardError as exc:
