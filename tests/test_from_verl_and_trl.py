@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, assert_user_error, read_metrics, run_cli
+from conftest import EXAMPLES, ROOT, assert_user_error, cli_env, read_metrics, run_cli
 
 
 def _registry():
@@ -109,9 +109,7 @@ def test_nanoverl_train_runs_without_config_and_eval_finds_step_2(tmp_path):
     assert report["checkpoint"] == str(run_dir / "checkpoints" / "step_000002") and report["prompts"] > 0
 
 
-def test_a_missing_first_party_plugin_names_the_checkout_install(tmp_path):
-    env_disabled = {"NANOVERL_DISABLE_PLUGINS": "nanoverl-hf"}
-    from conftest import cli_env
+def test_a_missing_first_party_plugin_names_the_checkout_install():
     proc = run_cli("--config", str(EXAMPLES / "debug_reinforce.toml"), "--dry-run", "worker.name=hf",
-                   env=cli_env(**env_disabled))
+                   env=cli_env(NANOVERL_DISABLE_PLUGINS="nanoverl-hf"))
     assert_user_error(proc, 'pip install "nanoverl[hf]"', 'from this checkout: pip install -e "plugins/nanoverl-hf"')
