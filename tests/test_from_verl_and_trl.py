@@ -10,19 +10,14 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, assert_user_error, cli_env, read_metrics, run_cli
-
-
-def _registry():
-    from nanoverl_core.plugins import load_registry
-    return load_registry()
+from conftest import EXAMPLES, ROOT, assert_user_error, cli_env, first_party_registry, read_metrics, run_cli
 
 
 def test_every_mapped_nanoverl_key_exists_and_no_foreign_key_is_a_nanoverl_key():
     from nanoverl_core.config.foreign import FOREIGN_KEYS
     from nanoverl_core.config.load import _field_type
 
-    registry = _registry()
+    registry = first_party_registry()
     for key, (whose, target, note) in FOREIGN_KEYS.items():
         assert whose in ("verl", "TRL"), key
         assert _field_type(key.split("."), registry) is None, f"{key} is a nanoverl key; it needs no mapping"
@@ -37,7 +32,7 @@ def test_each_foreign_key_as_an_override_is_one_error_naming_the_nanoverl_key():
     from nanoverl_core.config.foreign import FOREIGN_KEYS
     from nanoverl_core.errors import ConfigError
 
-    registry = _registry()
+    registry = first_party_registry()
     for key, (whose, target, _) in FOREIGN_KEYS.items():
         with pytest.raises(ConfigError) as err:
             config_from_dict({}, [f"{key}=1"], registry=registry)
@@ -66,7 +61,7 @@ def test_a_verl_yaml_stops_with_one_line_naming_the_key(tmp_path):
 def test_train_files_as_one_string_is_a_one_file_list(tmp_path):
     from nanoverl_core.config import config_from_dict, load_config
 
-    registry = _registry()
+    registry = first_party_registry()
     config = config_from_dict({"data": {"train_files": "a.parquet", "val_files": "b.jsonl"}}, registry=registry)
     assert config.data.train_files == ["a.parquet"] and config.data.val_files == ["b.jsonl"]
     assert config_from_dict({}, ["data.train_files=x.jsonl"], registry=registry).data.train_files == ["x.jsonl"]

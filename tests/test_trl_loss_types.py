@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, first_party_registry
 
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 """Every `loss_type` TRL 1.16's GRPOConfig accepts."""
@@ -102,9 +102,8 @@ def _batch(seed: int, B: int = 8, T: int = 9):
 def _nanoverl_loss(overrides: list[str], logp, old, adv, mask, ref):
     from nanoverl_core.algos.losses import PolicyLossInputs, compute_actor_loss
     from nanoverl_core.config import config_from_dict
-    from nanoverl_core.plugins import load_registry
 
-    registry = load_registry()
+    registry = first_party_registry()
     config = config_from_dict(BASE, [*overrides, f"rollout.max_new_tokens={mask.shape[1]}"], registry=registry)
     actor = config.actor
     inputs = PolicyLossInputs(logp, old, adv[:, None] * mask, mask, loss_agg_mode=actor.loss_agg_mode,
@@ -150,10 +149,9 @@ def test_a_setting_the_table_leaves_out_changes_the_number():
 def test_each_scale_rewards_equals_its_nanoverl_estimator(trl, overrides):
     from nanoverl_core.batch import RLBatch
     from nanoverl_core.config import config_from_dict
-    from nanoverl_core.plugins import load_registry
     from nanoverl_core.reward.scoring import place_scores
 
-    registry = load_registry()
+    registry = first_party_registry()  # the grpo estimators, in the core's nox session too
     config = config_from_dict(BASE, overrides, registry=registry)
     estimator = registry.get("advantage_estimator", config.algorithm.advantage_estimator)
     group, T = 4, 5
