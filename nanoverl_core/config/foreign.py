@@ -30,7 +30,7 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "trainer.total_training_steps": (V, "trainer.total_steps", ""),
     "trainer.save_freq": (V, "trainer.save_every", "0 saves only at the end"),
     "trainer.test_freq": (V, "trainer.val_every", "0 never validates"),
-    "trainer.default_local_dir": (V, "trainer.output_dir", "checkpoints go to <output_dir>/checkpoints"),
+    "trainer.default_local_dir": (V, "trainer.output_dir", "checkpoints go to output_dir/checkpoints"),
     "trainer.resume_mode": (V, "trainer.resume", "auto / never / a checkpoint path"),
     "trainer.resume_from_path": (V, "trainer.resume", "a checkpoint path"),
     "trainer.max_actor_ckpt_to_keep": (V, "trainer.keep_checkpoints", ""),
