@@ -1,5 +1,5 @@
 """Arriving from verl or TRL: their key names stop with one line naming nanoverl's (one table,
-nanoverl_core/config/foreign.py, whose every target must be a real key), `data.train_files` as one string,
+nanoverl_core/foreign_keys.py, whose every target must be a real key), `data.train_files` as one string,
 `--checkpoint step_2` finding step_000002, `nanoverl-train` without --config, and an install hint that
 works from this checkout.
 """
@@ -14,7 +14,7 @@ from conftest import EXAMPLES, ROOT, assert_user_error, cli_env, first_party_reg
 
 
 def test_every_mapped_nanoverl_key_exists_and_no_foreign_key_is_a_nanoverl_key():
-    from nanoverl_core.config.foreign import FOREIGN_KEYS
+    from nanoverl_core.foreign_keys import FOREIGN_KEYS
     from nanoverl_core.config.load import _field_type
 
     registry = first_party_registry()
@@ -29,7 +29,7 @@ def test_every_mapped_nanoverl_key_exists_and_no_foreign_key_is_a_nanoverl_key()
 
 def test_each_foreign_key_as_an_override_is_one_error_naming_the_nanoverl_key():
     from nanoverl_core.config import config_from_dict
-    from nanoverl_core.config.foreign import FOREIGN_KEYS
+    from nanoverl_core.foreign_keys import FOREIGN_KEYS
     from nanoverl_core.errors import ConfigError
 
     registry = first_party_registry()
@@ -40,7 +40,7 @@ def test_each_foreign_key_as_an_override_is_one_error_naming_the_nanoverl_key():
 
 
 def test_the_docs_page_maps_every_key_of_the_table():
-    from nanoverl_core.config.foreign import FOREIGN_KEYS
+    from nanoverl_core.foreign_keys import FOREIGN_KEYS
 
     page = (ROOT / "docs" / "from-verl-and-trl.md").read_text()
     missing = [key for key in FOREIGN_KEYS if f"`{key}`" not in page]

@@ -7,7 +7,6 @@
     structure.py   strict cattrs structuring and unknown-key checks, each mistake one `error:` line;
                    MOVED_KEYS, the keys that moved into a component's table
     components.py  a selected component's own settings table, [<section>.<name>]
-    foreign.py     verl's and TRL's key names and nanoverl's for each (FOREIGN_KEYS), for the unknown-key error
     load.py        files and dotted overrides -> a validated Config; the caller passes the plugin registry
 """
 

@@ -19,7 +19,7 @@ import yaml
 
 from ..errors import ConfigError
 from .components import COMPONENTS, component_settings
-from .foreign import check_foreign_keys
+from ..foreign_keys import check_foreign_keys
 from .schema import Config
 from .structure import check_keys, check_moved_keys, structure_as, user_fields
 

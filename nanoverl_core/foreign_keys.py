@@ -5,7 +5,8 @@ A config (or an override) that uses one stops with one line naming nanoverl's ke
     error: unknown config key 'data.train_batch_size' (verl's name): use data.batch_size
 
 FOREIGN_KEYS is the one table: the error reads it and tests/test_from_verl_and_trl.py checks that every
-target is a key nanoverl has and that no foreign key is one. verl's keys are its Hydra paths
+target is a key nanoverl has and that no foreign key is one. It lives outside config/ because it names
+first-party plugins' settings (as plugins.py's FIRST_PARTY does); the config package names none. verl's keys are its Hydra paths
 (ppo_trainer.yaml); TRL's are `GRPOConfig` fields, which a TRL config file writes at the top level.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 V, T = "verl", "TRL"
 _AR = "actor_rollout_ref"
