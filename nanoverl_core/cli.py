@@ -1,9 +1,9 @@
 """`nanoverl-train`: train, validate a config (--dry-run), list plugins, evaluate, export.
 
-    nanoverl-train --config FILE [section.key=value ...]
-    nanoverl-train --config FILE --dry-run [overrides]
+    nanoverl-train [--config FILE] [section.key=value ...]     (no --config: the defaults plus the overrides)
+    nanoverl-train [--config FILE] --dry-run [overrides]
     nanoverl-train plugins [--json]
-    nanoverl-train eval --config FILE [--checkpoint DIR] [--json] [overrides]
+    nanoverl-train eval [--config FILE] [--checkpoint DIR] [--json] [overrides]
     nanoverl-train export RUN_DIR_OR_CHECKPOINT OUT_DIR
 
 Exit status: 0 success; 2 a user error (one `error:` line on stderr, no traceback); anything else is a bug.
@@ -23,6 +23,9 @@ from .errors import UserError
 from .plugins import load_registry
 
 
+CONFIG_HELP = "TOML, YAML or JSON config file; without it, the defaults (docs/config.md) plus the overrides"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, like every other user error
         raise UserError(f"{message}; run `{self.prog} --help` for usage")
@@ -33,7 +36,7 @@ def _train_parser() -> argparse.ArgumentParser:
                 epilog="Other commands: `nanoverl-train plugins [--json]` lists installed plugins; "
                        "`nanoverl-train eval --config FILE [--checkpoint DIR]` evaluates a model; "
                        "`nanoverl-train export RUN_DIR_OR_CHECKPOINT OUT_DIR` writes a save_pretrained folder.")
-    p.add_argument("--config", required=True, help="TOML, YAML or JSON config file")
+    p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--dry-run", action="store_true",
                    help="validate the config, resolve every plugin name, print the resolved config; load no model")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
@@ -82,8 +85,9 @@ def cmd_train(argv: list[str]) -> int:
 def cmd_eval(argv: list[str]) -> int:
     p = _Parser(prog="nanoverl-train eval", description="Evaluate the base model or a checkpoint on the config's "
                 "validation data with its rollout (greedy, and sampled with rollout.val_n samples); writes nothing.")
-    p.add_argument("--config", required=True, help="TOML, YAML or JSON config file")
-    p.add_argument("--checkpoint", type=Path, help="a checkpoints/step_<N> folder or a run directory (its newest)")
+    p.add_argument("--config", help=CONFIG_HELP)
+    p.add_argument("--checkpoint", type=Path, help="a checkpoints/step_<N> folder (step_400 finds step_000400, also "
+                   "in trainer.output_dir's checkpoints) or a run directory (its newest)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args = p.parse_args(argv)

@@ -16,6 +16,7 @@ import difflib
 import importlib
 import os
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -35,6 +36,30 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     **{("advantage_estimator", n): "grpo"
        for n in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk")},
 }
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that installs a first-party extra ("hf", "lora", "mlflow", ...) from the index and,
+    when nanoverl runs from a source checkout (its plugins/ folder beside the core), the editable install
+    of the checkout's folder, which works without the index and installs the code being run."""
+    index = f'pip install "nanoverl[{extra}]"'
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file() or not (root / "plugins").is_dir():
+        return index
+    plugin, _, extras = {"lora": "nanoverl-hf[lora]"}.get(extra, f"nanoverl-{extra}").partition("[")
+    if (root / "plugins" / plugin).is_dir():
+        local = _shown(root / "plugins" / plugin) + (f"[{extras}" if extras else "")
+    else:  # an extra of the core itself (mlflow)
+        local = f"{_shown(root)}[{extra}]"
+    return f'{index}, or from this checkout: pip install -e "{local}"'
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it is inside it, else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
 
 
 @attrs.define
@@ -101,7 +126,7 @@ class Registry:
             msg += f"; did you mean {close[0]!r}?"
         extra = FIRST_PARTY.get((kind, name))
         if extra:
-            msg += f'; it is provided by nanoverl-{extra}: pip install "nanoverl[{extra}]"'
+            msg += f"; it is provided by nanoverl-{extra}: {install_hint(extra)}"
         raise PluginError(msg)
 
     def get(self, kind: str, name: str, key: str | None = None) -> Any:
@@ -133,7 +158,7 @@ class Registry:
                 obj = getattr(importlib.import_module(module), attr)
             except ImportError as exc:
                 extra = FIRST_PARTY.get((kind, name))
-                fix = f'pip install "nanoverl[{extra}]"' if extra else f"install what {entry.provider} needs"
+                fix = install_hint(extra) if extra else f"install what {entry.provider} needs"
                 raise PluginError(f"{kind} {name!r} from {entry.provider} cannot be imported ({exc}); "
                                   f"{fix}") from None
             except AttributeError:

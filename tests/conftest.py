@@ -34,6 +34,31 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def first_party_registry():
+    """The installed plugins' registry plus every first-party plugin of this checkout that is not
+    installed (its plugins/<dir>/src appended to sys.path and its registration hooks called), for tests
+    that check the names and settings of all of them whichever plugins the nox session installed."""
+    import importlib
+
+    from nanoverl_core.hookspecs import HOOKS
+    from nanoverl_core.plugins import load_registry
+
+    registry = load_registry()
+    installed = {info.dist for info in registry.plugins}
+    for src in sorted(ROOT.glob("plugins/*/src")):
+        dist = src.parent.name
+        if dist in installed:
+            continue
+        if str(src) not in sys.path:
+            sys.path.append(str(src))
+        module = importlib.import_module(f"{dist.replace('-', '_')}.plugin")
+        for hook, kind in HOOKS.items():
+            if hasattr(module, hook):
+                getattr(module, hook)(register=lambda name, obj, *, description="", settings=None, _kind=kind,
+                                      _dist=dist: registry.add(_kind, name, obj, _dist, description, settings))
+    return registry
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -42,7 +42,7 @@ def test_console_script_is_installed():
     (["--config", DEBUG, "reward.name=exact_mach"], ["did you mean 'exact_match'"]),
     (["--config", DEBUG, "tracking.trackers=[consol]"], ["tracking.trackers", "console"]),
     (["--config", DEBUG, "notakey"], ["section.key=value"]),
-    (["--dry-run"], ["--config"]),
+    (["--dry-run"], ["data.train_files is empty", "--config"]),  # no --config: the defaults, which name no data
 ])
 def test_user_errors_exit_2_with_one_line(args, needles):
     assert_user_error(run_cli(*args, "--dry-run"), *needles)

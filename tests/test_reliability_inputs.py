@@ -60,7 +60,7 @@ def test_config_file_of_the_wrong_kind(tmp_path, name, text, needles):
     ('[trainer]\ntotal_step = 3\n', ["'trainer.total_step'", "did you mean 'trainer.total_steps'"]),
     ('[trainerr]\ntotal_steps = 3\n', ["'trainerr'", "did you mean 'trainer'"]),
     ('[data]\ntrain_files = ["x.jsonl"]\n[actor]\nlr = "fast"\n', ["'actor.lr'", "expected float"]),
-    ('[data]\ntrain_files = "x.jsonl"\n', ["'data.train_files'", "expected list"]),
+    ('[data]\ntrain_files = ["x.jsonl"]\n[tracking]\ntrackers = "jsonl"\n', ["'tracking.trackers'", "expected list"]),
     ('trainer = 3\n', ["'trainer' is a section"]),
     ('[data]\ntrain_files = ["x.jsonl"]\n[critic]\nenable = 1\n', ["'critic.enable'", "expected bool"]),
 ], ids=["key-typo", "section-typo", "string-for-float", "string-for-list", "value-for-section", "int-for-bool"])

@@ -19,6 +19,7 @@ import yaml
 
 from ..errors import ConfigError
 from .components import COMPONENTS, component_settings
+from ..foreign_keys import check_foreign_keys
 from .schema import Config
 from .structure import check_keys, check_moved_keys, structure_as, user_fields
 
@@ -39,12 +40,22 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...
     data = json.loads(json.dumps(data))  # a private copy: overrides and table extraction edit it
     for override in overrides:
         apply_override(data, override, registry=registry)
+    check_foreign_keys(data)
     check_moved_keys(data)
+    _one_file_lists(data)
     _drop_disabled_parts(data, overrides)
     tables = _pop_component_tables(data)
     check_keys(data, Config, root=Config)
     config = structure_as(data, Config).validate()
     return component_settings(config, registry, tables)
+
+
+def _one_file_lists(data: dict[str, Any]) -> None:
+    """`data.train_files = "a.parquet"` (one string, as verl accepts) is the list ["a.parquet"]."""
+    section = data.get("data")
+    for key in ("train_files", "val_files"):
+        if isinstance(section, dict) and isinstance(section.get(key), str):
+            section[key] = [section[key]] if section[key] else []
 
 
 def _drop_disabled_parts(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:

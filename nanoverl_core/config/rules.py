@@ -193,7 +193,8 @@ def _reward_component_rules(rw: Any) -> None:
 
 def data_file_rules(config: Config) -> None:
     if not config.data.train_files:
-        raise ConfigError("data.train_files is empty; name at least one jsonl / json / parquet file")
+        raise ConfigError("data.train_files is empty; name at least one jsonl / json / parquet file, in a "
+                          "--config file or as an override (data.train_files=train.parquet)")
     if config.trainer.eval_before_after and not config.data.val_files:
         raise ConfigError("trainer.eval_before_after = true evaluates on data.val_files, which is empty; "
                           "name a validation file or set trainer.eval_before_after = false")

@@ -365,7 +365,8 @@ class RewardConfig:
     """A registered reward function (`nanoverl-train plugins` lists them)."""
     file: str = ""
     """Optional path to a .py file defining the reward (runs its code; a warning says so); a verl-style
-    `compute_score(data_source, solution_str, ground_truth, extra_info)` runs unchanged."""
+    `compute_score(data_source, solution_str, ground_truth, extra_info)` (or any subset of those names)
+    and a TRL reward function `(prompts, completions, **kwargs) -> list[float]` run unchanged."""
     function: str = "compute_score"
     """Function name inside `file`."""
     components: list[RewardComponent] = attrs.Factory(list)

@@ -45,7 +45,8 @@ def tool_schemas(tools: list[Callable]) -> list[dict[str, Any]]:
     try:
         from transformers.utils import get_json_schema
     except ImportError:
-        raise ImportError("tool schemas come from transformers: pip install nanoverl-hf") from None
+        from ..plugins import install_hint
+        raise ImportError(f"tool schemas come from transformers: {install_hint('hf')}") from None
     return [get_json_schema(tool) for tool in tools]
 
 

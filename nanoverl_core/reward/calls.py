@@ -1,11 +1,16 @@
 """Calling one reward function and checking what it returned (no torch here).
 
-A reward call gets one response and returns a float or a dict with "score". Two call styles:
+A reward call gets one response and returns a float or a dict with "score". The call styles:
 
     nanoverl   fn(prompt, response, sample[, settings=...])
     verl       fn(data_source, solution_str, ground_truth, extra_info)  -- recognised by a parameter
                named `solution_str`; ground_truth is the row's reward_model.ground_truth, extra_info its
-               extra_info, so a verl `compute_score` file runs unchanged.
+               extra_info. The function gets only the names of VERL_ARGS its signature takes (all with
+               **kwargs), so verl's per-dataset `compute_score(solution_str, ground_truth, ...)` files
+               run unchanged too.
+    trl        fn(prompts, completions, **kwargs) -> list  -- a TRL reward function, recognised by its
+               parameters `prompts` and `completions`; batched, so the scorer calls it (`trl_arguments`).
+    batched    fn(prompts, responses, rows[, settings=...]) -> list  -- marked by fn.batched = True.
 
 `call_checked` makes the call and checks what came back; every failure is a `CallError` with a kind:
 "raised", "invalid" (not a finite number), "memory" (MemoryError), and, from the pool, "timeout" and
@@ -102,15 +107,57 @@ def load_function(spec: ComponentSpec) -> Callable:
     return fn
 
 
+VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""What verl's reward manager passes `compute_score` (as keywords); a verl-style function gets the ones it takes."""
+
+
+def _parameters(fn: Callable) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
 def call_style(fn: Callable) -> str:
-    """"batched" (fn.batched = True: lists in, a list out), "verl" (has `solution_str`), or "nanoverl"."""
+    """"batched" (fn.batched = True: lists in, a list out), "trl" (has `prompts` and `completions`: a TRL
+    reward function, batched too), "verl" (has `solution_str`), or "nanoverl"."""
     if getattr(fn, "batched", False):
         return "batched"
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return "nanoverl"
+    params = _parameters(fn)
+    if "prompts" in params and "completions" in params:
+        return "trl"
     return "verl" if "solution_str" in params else "nanoverl"
+
+
+def accepted(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `kwargs` that `fn`'s signature takes (all of them if it has **kwargs)."""
+    params = _parameters(fn)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def check_signature(fn: Callable, style: str, where: str) -> None:
+    """A ConfigError if a verl-style function requires an argument it is never given (a TRL-style one may
+    also name a dataset column: that is only known per call)."""
+    if style != "verl":
+        return
+    missing = [name for name, p in _parameters(fn).items() if name not in VERL_ARGS and p.default is p.empty
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if missing:
+        raise ConfigError(f"reward {where} requires {', '.join(missing)}, which a verl-style scorer is not given; "
+                          f"it may take {', '.join(VERL_ARGS)} (give any other parameter a default)")
+
+
+def trl_arguments(responses: list[str], rows: list[dict], prompt_key: str) -> dict[str, Any]:
+    """TRL's reward-function call for a batch: `prompts` (each row's prompt column as written: text or a
+    chat list), `completions` (the response text; for a chat prompt [{"role": "assistant", "content":
+    text}]) and every other column of the rows as a list over the batch, as TRL passes dataset columns."""
+    prompts = [row.get(prompt_key) for row in rows]
+    completions = [[{"role": "assistant", "content": r}] if isinstance(p, list) else r
+                   for p, r in zip(prompts, responses)]
+    keys = dict.fromkeys(key for row in rows for key in row if key != prompt_key)
+    return {**{key: [row.get(key) for row in rows] for key in keys}, "prompts": prompts, "completions": completions}
 
 
 def ground_truth_value(sample: dict) -> Any:
@@ -148,11 +195,10 @@ def call_checked(fn: Callable, style: str, spec: ComponentSpec, prompt: str, res
     """One reward call in the current process; any failure is a CallError."""
     try:
         if style == "verl":
-            kwargs = {"data_source": data_source, "solution_str": response, "ground_truth": ground_truth_value(sample)}
-            params = inspect.signature(fn).parameters
-            if "extra_info" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-                kwargs["extra_info"] = dict(sample.get("extra_info") or {})
-            out = fn(**kwargs)
+            values = {"data_source": data_source, "solution_str": response,
+                      "extra_info": dict(sample.get("extra_info") or {})}
+            out = fn(**{name: ground_truth_value(sample) if name == "ground_truth" else values[name]
+                        for name in accepted(fn, dict.fromkeys(VERL_ARGS))})
         elif spec.settings is not None:
             out = fn(prompt, response, sample, settings=spec.settings)
         else:

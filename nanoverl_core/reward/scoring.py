@@ -2,7 +2,8 @@
 
 A reward is a registered name (`reward.name`), a function in a file the user names (`reward.file`,
 which runs that file's code: a warning says so; a verl-style `compute_score(data_source,
-solution_str, ground_truth, extra_info)` runs unchanged), or several of either with weights
+solution_str, ground_truth, extra_info)`, or one taking only some of those names, and a TRL reward
+function `(prompts, completions, **kwargs) -> list[float]` run unchanged), or several of either with weights
 (`[[reward.components]]`): the score is the weighted sum, each component is logged as
 `reward/<name>/mean`; the training stage also hands each component's own score and weight on
 (`component_scores`, `component_weights`, (B, K)) for estimators that use them (gdpo).
@@ -14,7 +15,8 @@ Where the calls run (`pool.py` has the machinery, `calls.py` the call convention
     the main thread, and a crash takes the run with it);
   * a *batched* reward (`fn.batched = True`: lists of prompts, responses and rows in, a list of
     scores out, e.g. the reward model of nanoverl-hf) always runs in the trainer process, once per
-    step, so its model is loaded once and sits on the device it was given.
+    step, so its model is loaded once and sits on the device it was given; so does a TRL reward
+    function (batched by contract; a None in its list scores 0, as in TRL's sum over functions).
 
 Every failed call (raised, timed out, not a finite number, its worker died or ran out of memory)
 either stops the run naming the row (`reward.on_error = "raise"`, exit 2) or scores 0 and is counted
@@ -43,7 +45,8 @@ from ..config import RewardConfig
 from ..errors import RewardError
 from ..plugins import Registry
 from ..rollout import decode_responses
-from .calls import CallError, ComponentSpec, call_checked, call_style, check_result, importable_ref, load_function
+from .calls import (CallError, ComponentSpec, accepted, call_checked, call_style, check_result, check_signature,
+                    importable_ref, load_function, trl_arguments)
 from .pool import RewardPool
 
 
@@ -83,8 +86,8 @@ class RewardScorer:
     """Scores (B,) for a batch's responses under reward.on_error, with the metrics of each call."""
 
     def __init__(self, cfg: RewardConfig, registry: Registry, *, run_dir: str | Path | None = None,
-                 max_new_tokens: int = 0, score_answer: bool = True):
-        self.cfg, self.max_new_tokens = cfg, max_new_tokens
+                 max_new_tokens: int = 0, score_answer: bool = True, prompt_key: str = "prompt"):
+        self.cfg, self.max_new_tokens, self.prompt_key = cfg, max_new_tokens, prompt_key
         self.score_answer = score_answer
         """False: a multi-turn episode's score is its environment's rewards alone (environment.score_answer)."""
         self.specs, self.fns = [], []
@@ -101,9 +104,11 @@ class RewardScorer:
             self.specs.append(spec)
             self.fns.append(fn)
         self.styles = [call_style(fn) for fn in self.fns]
-        self.in_trainer = [style == "batched" or cfg.workers == 0 or not (spec.file or spec.ref)
+        for fn, style, spec in zip(self.fns, self.styles, self.specs):
+            check_signature(fn, style, spec.where)
+        self.in_trainer = [style in ("batched", "trl") or cfg.workers == 0 or not (spec.file or spec.ref)
                            for spec, style in zip(self.specs, self.styles)]
-        """Components called in this process: batched ones, all with reward.workers = 0, and functions a
+        """Components called in this process: batched ones (TRL's too), all with reward.workers = 0, and functions a
         worker cannot import (registered in code as a closure or from __main__)."""
         self.label = self.specs[0].where if len(self.specs) == 1 else "+".join(s.label for s in self.specs)
         self.errors_path = Path(run_dir) / "reward_errors.jsonl" if run_dir is not None else None
@@ -140,9 +145,12 @@ class RewardScorer:
     def _batched(self, c: int, calls: list[tuple]) -> list[tuple]:
         """A batched reward's outcomes for every row, from one call with lists."""
         prompts, responses, rows, _ = (list(x) for x in zip(*calls))
-        fn, spec = self.fns[c], self.specs[c]
+        fn, spec, trl = self.fns[c], self.specs[c], self.styles[c] == "trl"
         try:
-            out = fn(prompts, responses, rows, **({"settings": spec.settings} if spec.settings is not None else {}))
+            if trl:
+                out = fn(**accepted(fn, trl_arguments(responses, rows, self.prompt_key)))
+            else:
+                out = fn(prompts, responses, rows, **({"settings": spec.settings} if spec.settings is not None else {}))
         except RewardError as exc:
             return [("raised", str(exc), None)] * len(calls)
         except Exception as exc:
@@ -153,7 +161,8 @@ class RewardScorer:
         outcomes = []
         for value in out:
             try:
-                outcomes.append(("ok", *check_result(value)))
+                none = trl and value is None  # TRL: this reward does not apply to the row; it adds 0
+                outcomes.append(("ok", 0.0, {}) if none else ("ok", *check_result(value, allow_bool=trl)))
             except CallError as exc:
                 outcomes.append((exc.kind, exc.message, None))
         return outcomes
@@ -186,7 +195,7 @@ class RewardScorer:
         for c in range(len(self.specs)):
             if c in pooled:
                 continue
-            if self.styles[c] == "batched":
+            if self.styles[c] in ("batched", "trl"):
                 outcomes.update({(i, c): o for i, o in enumerate(self._batched(c, args))})
                 continue
             for i in range(n):

@@ -42,6 +42,19 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def step_folder(path: Path, *roots: Path) -> Path:
+    """`path`, or for a checkpoint named without the zero padding (`step_400`) the folder of that step
+    (`step_000400`), looked for beside `path` and then in each of `roots`."""
+    match = _STEP_DIR.match(path.name)
+    if path.exists() or match is None:
+        return path
+    name = f"step_{int(match.group(1)):06d}"
+    for folder in (path.parent, *roots):
+        if (folder / name).is_dir():
+            return folder / name
+    return path
+
+
 def clean_partial(root: Path) -> None:
     """Delete temporary folders left by a save that was killed."""
     if root.is_dir() and is_rank0():
@@ -61,7 +74,7 @@ def find_resume(mode: str, root: Path) -> Path | None:
         return None
     if mode == "auto":
         return existing[-1] if existing else None
-    path = Path(mode)
+    path = step_folder(Path(mode), root)
     if not path.is_dir():
         raise CheckpointError(f"trainer.resume = {mode!r} is not a folder; use auto, never or a checkpoint path")
     set_aside_newer(root, path)  # so pruning and a later resume=auto never mix the two timelines
@@ -214,8 +227,10 @@ def reading_checkpoint(path: Path):
                               "(trainer.resume=PATH) or delete it") from None
 
 
-def find_checkpoint(path: Path, key: str) -> Path:
-    """`path` itself if it is a complete checkpoint, else the newest complete one of the run directory `path`."""
+def find_checkpoint(path: Path, key: str, output_dir: str | Path | None = None) -> Path:
+    """`path` itself if it is a complete checkpoint, else the newest complete one of the run directory `path`.
+    `step_<N>` without zero padding finds step_<N:06d> beside it or in `output_dir`'s checkpoints."""
+    path = step_folder(path, *([checkpoint_root(output_dir)] if output_dir else []))
     if (path / "state.json").is_file():
         return path
     found = complete_checkpoints(checkpoint_root(path))

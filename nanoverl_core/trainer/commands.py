@@ -30,7 +30,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None)
     """{"model", "checkpoint", "prompts", "results": {decoding: metrics}} for the base model or `checkpoint`."""
     if not config.data.val_files:
         raise ConfigError("data.val_files is empty; eval scores the config's validation prompts, name at least one file")
-    ckpt = find_checkpoint(checkpoint, "--checkpoint") if checkpoint is not None else None
+    ckpt = find_checkpoint(checkpoint, "--checkpoint", config.trainer.output_dir) if checkpoint is not None else None
     plugins = resolve_plugins(config, registry)
     plugins["reward"].errors_path = None  # eval writes nothing: failed reward calls are only counted
     torch.manual_seed(config.trainer.seed)

@@ -8,7 +8,7 @@ from typing import Any
 from ..algos.rollout_correction import truncated_sampling_warning
 from ..config import Config, component_settings
 from ..errors import ConfigError
-from ..plugins import Registry
+from ..plugins import Registry, install_hint
 from ..reward import RewardScorer
 
 
@@ -34,7 +34,8 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     resolved = {"estimator": estimator,
                 "reward": RewardScorer(config.reward, registry, run_dir=config.trainer.output_dir,
                                        max_new_tokens=config.rollout.max_new_tokens,
-                                       score_answer=not env.name or env.score_answer),
+                                       score_answer=not env.name or env.score_answer,
+                                       prompt_key=config.data.prompt_key),
                 "environment": registry.get("environment", env.name, key="environment.name") if env.name else None,
                 "environment_ref": _importable(registry, "environment", env.name) if env.name else "",
                 "policy_loss": registry.get("policy_loss", config.actor.policy_loss, key="actor.policy_loss"),
@@ -85,7 +86,7 @@ def _check_lora_worker(config: Config, registry: Registry) -> None:
     if not _supports_lora(registry, config.worker.name):
         able = ", ".join(name for name in registry.names("worker") if _supports_lora(registry, name))
         raise ConfigError(f"model.lora.enable = true, but worker.name = {config.worker.name!r} cannot train a LoRA "
-                          f"adapter; valid choices: {able or 'none installed (pip install nanoverl-hf)'}, "
+                          f"adapter; valid choices: {able or 'none installed (' + install_hint('hf') + ')'}, "
                           "or set model.lora.enable = false")
 
 

@@ -39,8 +39,10 @@ import torch
 from nanoverl_core import ConfigError, TorchActor
 from nanoverl_core.config import Config
 from nanoverl_core.errors import CheckpointMismatch
+from nanoverl_core.plugins import install_hint
 
-INSTALL = 'pip install "nanoverl-hf[lora]"'
+INSTALL = install_hint("lora")
+"""pip's command for peft: from the index, and from a source checkout its editable form."""
 ADAPTER_FILE = "adapter_model.safetensors"
 """The adapter's weights in a checkpoint's actor/ (and critic/) folder, as peft's save_pretrained names them."""
 VALUE_HEAD = "score"
