@@ -53,6 +53,7 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "algorithm.kl_ctrl.target_kl": (V, "algorithm.target_kl", ""),
     "algorithm.kl_ctrl.horizon": (V, "algorithm.kl_horizon", ""),
     "algorithm.filter_groups.enable": (V, "algorithm.filter_groups", "a bool"),
+    "algorithm.filter_groups.max_num_gen_batches": (V, "algorithm.filter_groups_max_rounds", "at least 1 (verl: <= 0 is no limit)"),
     # ---- verl: actor_rollout_ref ----
     f"{_AR}.model.path": (V, "model.path", ""),
     f"{_AR}.model.enable_gradient_checkpointing": (V, "model.gradient_checkpointing", ""),
