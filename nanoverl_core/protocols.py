@@ -201,6 +201,9 @@ class Estimator(Protocol):
         policy's sum over the vocabulary of pi^2 at each response token; the trainer then computes both
         every step with the actor's ``compute_log_probs_and_sum_pi_squared`` (a ConfigError at start
         when the actor has none).
+      * ``requires_greedy_baseline``: True if it reads ``reward_baselines`` (B,), the score of one greedy
+        response per prompt (uid); the trainer then generates and scores those every step after step 4
+        (ReMax; timing/baseline_rollout, timing/baseline_reward and remax/ metrics).
       * ``check_config``: ``check_config(config: Config)`` raises ConfigError when the config cannot work
         with it; called before anything loads.
     """

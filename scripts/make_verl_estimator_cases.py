@@ -1,5 +1,5 @@
-"""Regenerate tests/data/verl_estimator_cases.json: verl's gdpo, gpg and optimal_token_baseline advantage
-estimators on random padded float64 batches.
+"""Regenerate tests/data/verl_estimator_cases.json: verl's gdpo, gpg, optimal_token_baseline and remax
+advantage estimators on random padded float64 batches.
 
 Needs an importable verl 0.9.1 (`verl.trainer.ppo.core_algos`); nanoverl is not imported: the file records
 verl's answers (advantages and returns) and plugins/nanoverl-grpo/tests/test_estimators_verl.py checks
@@ -14,7 +14,10 @@ float32, so those scores are multiples of 1/16, exact in float32), or with no co
 token_level_rewards, then whitened); gpg and optimal_token_baseline with their defaults and, for the
 latter, with and without rollout-correction weights and the zero-tail rule. Groups are shuffled and
 include a group of one, a group with equal scores and (for the token baseline) ties for the longest
-response. Padding of every per-token input but the rewards holds garbage.
+response. Padding of every per-token input but the rewards holds garbage. remax gets one greedy baseline
+score per group on each of its rows, outcome rewards or (as with an in-reward KL) a reward on every token,
+and garbage on the rewards' padding too (verl masks the rewards). The remax cases come last, so adding them
+left the earlier cases' random draws unchanged.
 """
 
 from __future__ import annotations
@@ -135,6 +138,23 @@ def otb_case(core_algos, gen, rows, width, weights, zero_tail, token_rewards, ep
             "inputs": inputs, "advantages": adv.tolist(), "returns": ret.tolist()}
 
 
+def remax_case(core_algos, gen, rows, width, token_rewards) -> dict:
+    uids, lengths = layout(gen, rows, width)
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.float64)
+    rewards = outcome_rewards(gen, lengths, width, torch.randn(rows, generator=gen, dtype=torch.float64))
+    if token_rewards:
+        rewards = rewards + 0.3 * torch.randn(rows, width, generator=gen, dtype=torch.float64) * mask
+    garbage = 8.0 * torch.randn(rows, width, generator=gen, dtype=torch.float64)
+    rewards = torch.tensor(rounded(torch.where(mask.bool(), rewards, garbage)), dtype=torch.float64)
+    greedy = {uid: float(f"{v:.4f}") for uid, v in zip(dict.fromkeys(uids), torch.randn(rows, generator=gen).tolist())}
+    baselines = torch.tensor([greedy[u] for u in uids], dtype=torch.float64)
+    adv, ret = core_algos.compute_remax_outcome_advantage(rewards, baselines, mask)
+    return {"name": "remax", "settings": {"token_rewards": token_rewards},
+            "inputs": {"uid": uids, "mask": mask.long().tolist(), "token_level_rewards": rewards.tolist(),
+                       "reward_baselines": baselines.tolist()},
+            "advantages": adv.tolist(), "returns": ret.tolist()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verl-ref", required=True, help="the verl version / commit these outputs come from")
@@ -158,6 +178,9 @@ def main() -> None:
                                       epsilon=1e-8))
         cases.append(otb_case(core_algos, gen, rows, width, True, True, token_rewards=True, epsilon=1e-8))
         cases.append(otb_case(core_algos, gen, rows, width, False, True, token_rewards=True, epsilon=0.5))
+    for rows, width in ((10, 6), (13, 9)):
+        for token_rewards in (False, True):
+            cases.append(remax_case(core_algos, gen, rows, width, token_rewards))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"verl": args.verl_ref, "seed": args.seed, "cases": cases}, indent=None) + "\n")
     print(f"wrote {len(cases)} cases to {args.out}")

@@ -108,3 +108,66 @@ def test_an_estimator_that_asks_for_sum_pi_squared_gets_it_and_can_refuse_a_conf
     assert log_probs.shape == sum_sq.shape == mask.shape == (8, 4) and (log_probs[valid] < 0).all()
     assert (sum_sq[valid] >= log_probs.exp()[valid] ** 2 - 1e-6).all() and (sum_sq[valid] <= 1 + 1e-6).all()
     assert (sum_sq[~valid] == 0).all()
+
+
+def test_an_estimator_that_asks_for_a_greedy_baseline_gets_one_scored_greedy_answer_per_prompt(tmp_path):
+    """requires_greedy_baseline (ReMax): after step 4 the rollout gets one greedy request per distinct
+    prompt, [reward] scores the answers, and every row of a group carries its prompt's score as
+    reward_baselines (B,); the stage runs under a forked RNG, so the training samples stay those of a run
+    without it."""
+    from nanoverl_core import load_config, load_registry
+    from nanoverl_core.rollout import decode_responses
+    from nanoverl_core.trainer.trainer import Trainer
+
+    def char_sum(prompt, response, sample):     # differs between prompts (char_match: 0 for the untrained model)
+        return float(sum(map(ord, prompt + response)) % 11)
+
+    def run(out, greedy_baseline: bool):
+        seen, calls = [], []
+
+        def zero(batch, config):
+            seen.append(batch)
+            adv = batch["token_level_rewards"] * 0
+            return adv, adv
+
+        if greedy_baseline:
+            zero.requires_greedy_baseline = True
+        registry = load_registry()
+        registry.add("advantage_estimator", "zero", zero, "somebody")
+        registry.add("reward", "char_sum", char_sum, "somebody")
+        overrides = [f"trainer.output_dir={out}", "tracking.trackers=[jsonl]", "algorithm.advantage_estimator=zero",
+                     "reward.name=char_sum",
+                     "trainer.total_steps=2", "trainer.val_every=0", "trainer.save_every=0", "trainer.progress=none",
+                     "data.batch_size=4", "rollout.n=3", "rollout.temperature=1.5"]
+        trainer = Trainer(load_config(REINFORCE, overrides, registry=registry), registry)
+        generate = trainer.rollout.generate
+
+        def recording(batch, params):
+            out = generate(batch, params)
+            calls.append((batch, params, out))
+            return out
+
+        trainer.rollout.generate = recording
+        metrics = trainer.fit()
+        return seen, calls, metrics, trainer.tokenizer
+
+    seen, calls, metrics, tok = run(tmp_path / "remax", True)
+    assert [(len(b), p.greedy) for b, p, _ in calls] == [(12, False), (4, True)] * 2
+    for step, batch in enumerate(seen):
+        prompts, params, answers = calls[2 * step + 1]
+        assert params.max_new_tokens == 4 and prompts["uid"] == list(dict.fromkeys(batch["uid"]))
+        assert prompts["prompt_text"] == [batch["prompt_text"][batch["uid"].index(u)] for u in prompts["uid"]]
+        texts = decode_responses(tok, answers)
+        by_uid = dict(zip(prompts["uid"], map(char_sum, prompts["prompt_text"], texts, prompts["row"])))
+        want = torch.tensor([by_uid[u] for u in batch["uid"]])
+        torch.testing.assert_close(batch["reward_baselines"], want, rtol=0, atol=1e-6)
+        assert len(set(want.tolist())) > 1
+    assert metrics["remax/baseline_prompts"] == 4.0 and metrics["remax/baseline_tokens"] > 0
+    assert metrics["remax/reward/mean"] == pytest.approx(float(seen[-1]["reward_baselines"][::3].mean()))
+    assert metrics["timing/baseline_rollout"] > 0 and metrics["timing/baseline_reward"] > 0
+    assert not (tmp_path / "remax" / "reward_errors.jsonl").exists()
+
+    plain, plain_calls, plain_metrics, _ = run(tmp_path / "plain", False)
+    assert "reward_baselines" not in plain[0] and not any(k.startswith("remax/") for k in plain_metrics)
+    for a, b in zip(seen, plain):      # the same training samples, step after step
+        assert torch.equal(a["responses"], b["responses"]) and a["prompt_text"] == b["prompt_text"]

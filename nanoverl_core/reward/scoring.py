@@ -277,13 +277,14 @@ class RewardScorer:
             self._write_episode_failures(batch, phase, step)
         return scores, texts, metrics, components
 
-    def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None) -> tuple[RLBatch, dict[str, float]]:
+    def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None, *,
+                    phase: str = "train") -> tuple[RLBatch, dict[str, float]]:
         """The trainer's reward stage: response_text, score (B,) and token_level_scores (B, R), each score on
         its row's last response token (a multi-turn episode's: its last model token, plus each environment
         reward on the turn it answered), with the overlong penalty (reward.overlong_buffer_len) added.
         With [[reward.components]] also component_scores and component_weights (B, K): each component's
         own score (before its weight) and its weight, on every row."""
-        scores, texts, metrics, components = self._score_responses(batch, tokenizer, "train", step)
+        scores, texts, metrics, components = self._score_responses(batch, tokenizer, phase, step)
         mask = batch["response_mask"]
         if self.max_new_tokens and self.cfg.overlong_buffer_len:
             penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,

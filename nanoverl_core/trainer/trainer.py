@@ -8,7 +8,8 @@
     6. reference log-probs and values
 
 With algorithm.filter_groups, steps 1-4 run in rounds until the batch holds data.batch_size groups
-whose scores differ (`generate_until_full`, DAPO's dynamic sampling).
+whose scores differ (`generate_until_full`, DAPO's dynamic sampling). An estimator that reads a greedy
+baseline (ReMax) gets one greedy response per prompt of the kept groups, scored (4c, `baseline_rollout`).
 
 Each stage is one named call, timed into ``timing/<stage>``, that returns what it adds to the batch;
 the step assigns it. ``response_mask`` (what the rollout produced) never changes; ``loss_mask`` (what the
@@ -36,7 +37,7 @@ from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_unifor
 from ..batch import RLBatch
 from ..config import Config
 from ..data import StatefulSampler, collate, load_prompts
-from ..dist import is_rank0, seed_everything, shard_rollout
+from ..dist import fork_rng, is_rank0, seed_everything, shard_rollout
 from ..errors import ConfigError
 from ..env import episode_metrics
 from ..plugins import Registry
@@ -98,6 +99,8 @@ class Trainer:
                               "policy's sum of pi^2 per token, but worker.name = "
                               f"{cfg.worker.name!r} has no compute_log_probs_and_sum_pi_squared; use a worker whose "
                               "actor has it (a TorchActor: workers debug, hf, fsdp) or another estimator")
+        # an estimator that reads a greedy baseline per prompt (ReMax) gets reward_baselines every step
+        self.needs_greedy_baseline = bool(getattr(self.estimator, "requires_greedy_baseline", False))
         self.step = 0
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.workers)
@@ -144,6 +147,9 @@ class Trainer:
                 print(f"warning: step {self.step}: every group had equal rewards in "
                       f"{metrics['filter/rounds']:.0f} rounds; no update", file=sys.stderr)
                 return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
+            if self.needs_greedy_baseline:
+                batch["reward_baselines"], baseline_metrics = self.baseline_rollout(batch, timing)  # 4c.
+                metrics.update(baseline_metrics)
             with timed(timing, "old_log_probs"):                              # 5. (~0 s when on-policy: the
                 if self.needs_sum_pi_squared:                                   #    update's own forward)
                     batch["old_log_probs"], batch["sum_pi_squared"] = actor.compute_log_probs_and_sum_pi_squared(batch)
@@ -224,6 +230,32 @@ class Trainer:
         return kept, {**rollout_metrics(generated), **merge_reward_metrics(round_metrics, generated["score"]),
                       "rollout/filtered_groups": float(dropped), "filter/rounds": float(len(rounds)),
                       "filter/kept_groups": float(kept_groups), "filter/batch_full": float(kept_groups == size)}
+
+    def baseline_rollout(self, batch: RLBatch, timing: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        """ReMax's baseline: one greedy response per distinct prompt (uid) of `batch`, scored like step 4
+        (the overlong penalty included, reward failures written with phase "baseline"); returns each group's
+        score on every one of its rows, reward_baselines (B,), and remax/ metrics (the baseline's reward/...,
+        its generated tokens). Greedy, and under a forked RNG: the trainer's random stream is untouched."""
+        first: dict[Any, int] = {}
+        for i, uid in enumerate(batch["uid"]):
+            first.setdefault(uid, i)
+        rows = batch.index(list(first.values()))
+        prompts = RLBatch({k: rows[k] for k in ("prompts", "prompt_mask")},
+                          {k: v for k, v in rows.non_tensors.items() if k in ("prompt_text", "row", "index",
+                                                                              "data_source", "uid")})
+        r = self.config.rollout
+        params = SamplingParams(r.max_new_tokens, temperature=0.0, top_p=r.top_p, top_k=r.top_k)
+        with timed(timing, "baseline_rollout"), fork_rng():
+            prompts.update(shard_rollout(lambda b: self.rollout.generate(b, params), prompts,
+                                         pad_token_id=self.tokenizer.pad_token_id,
+                                         seed=(self.config.trainer.seed, self.step, -1)))
+        with timed(timing, "baseline_reward"):
+            scored, reward_metrics = self.reward.score_batch(prompts, self.tokenizer, self.step, phase="baseline")
+        by_uid = dict(zip(prompts["uid"], scored["score"].tolist()))
+        baselines = torch.tensor([by_uid[uid] for uid in batch["uid"]], dtype=torch.float32)
+        return baselines, {**{f"remax/{k}": v for k, v in reward_metrics.items()},
+                           "remax/baseline_tokens": float(prompts["response_mask"].sum()),
+                           "remax/baseline_prompts": float(len(prompts))}
 
     def next_batch(self) -> RLBatch:
         indices = self.sampler.next_indices()

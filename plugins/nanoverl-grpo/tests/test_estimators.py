@@ -27,7 +27,8 @@ from nanoverl_grpo import estimators
 from nanoverl_grpo.estimators import (compute_gdpo_advantages, compute_gpg_advantages, compute_grpo_advantages,
                                       compute_grpo_passk_advantages, compute_opo_advantages,
                                       compute_optimal_token_baseline_advantages,
-                                      compute_reinforce_plus_plus_baseline_advantages, compute_rloo_advantages)
+                                      compute_reinforce_plus_plus_baseline_advantages, compute_remax_advantages,
+                                      compute_rloo_advantages)
 from nanoverl_grpo.settings import GroupNormSettings, OptimalTokenBaselineSettings
 
 
@@ -162,9 +163,10 @@ def test_plugin_registers_every_estimator_lazily():
     pm.hook.register_advantage_estimators(register=lambda name, obj, *, description="", settings=None:
                                           seen.update({name: obj}))
     assert set(seen) == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gdpo",
-                         "gpg", "optimal_token_baseline"}
+                         "gpg", "optimal_token_baseline", "remax"}
     rows = batch([0, 1, 3, 4])
     rows["old_log_probs"], rows["sum_pi_squared"] = torch.full((4, 3), -0.5), torch.full((4, 3), 0.4)
+    rows["reward_baselines"] = torch.zeros(4)   # remax's (scores only at the last token: returns = advantages)
     for name, target in seen.items():
         assert isinstance(target, str), name  # lazy: imported only when selected
         module, _, attr = target.partition(":")
@@ -317,3 +319,43 @@ def test_optimal_token_baseline_reads_the_policy_statistics_from_the_batch():
     b["rollout_is_weights"] = torch.tensor([[1.0, 1, 1], [2, 1, 5], [1, 1, 5]])
     torch.testing.assert_close(estimators.optimal_token_baseline(b, AlgorithmConfig()), otb(b["rollout_is_weights"]))
     assert estimators.optimal_token_baseline.requires_sum_pi_squared
+
+
+# ---- remax -------------------------------------------------------------------------------------------
+# greedy baselines per prompt: q2 0.5, q1 1.0, q3 0.0, q5 2.0
+REMAX_BASELINES = {"q2": 0.5, "q1": 1.0, "q3": 0.0, "q5": 2.0}
+
+
+def test_remax_is_the_reward_to_go_minus_the_greedy_baseline_on_valid_tokens():
+    b = batch()
+    b["reward_baselines"] = torch.tensor([REMAX_BASELINES[u] for u in UIDS])
+    adv, ret = estimators.remax(b, AlgorithmConfig())
+    # reward-to-go of row 0: [0.5 - 0.5 + 2, -0.5 + 2, 2] = [2, 1.5, 2]; row 2: [0.5, 0.5, pad]; row 7: [1, 1, 1]
+    want_ret = torch.tensor([[2.0, 1.5, 2.0], [1, 0, 0], [0.5, 0.5, 0], [0, 0, 0],
+                             [0, 0, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]])
+    want_adv = torch.tensor([[1.5, 1.0, 1.5], [0, 0, 0], [0.5, 0.5, 0], [-1, -1, -1],
+                             [-0.5, -0.5, 0], [-1, 0, 0], [-1, -1, 0], [-1, -1, -1]])
+    torch.testing.assert_close(ret, want_ret, rtol=0, atol=1e-6)
+    torch.testing.assert_close(adv, want_adv, rtol=0, atol=1e-6)
+    assert estimators.remax.requires_greedy_baseline
+
+
+def test_remax_ignores_rewards_on_masked_tokens_and_keeps_the_reward_to_go_across_a_hole():
+    rewards = torch.tensor([[1.0, 5.0, 2.0, 9.0], [7.0, 3.0, 0.0, 4.0]])   # 9, 7, 4 sit on masked tokens
+    mask = torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 0]])
+    adv, ret = compute_remax_advantages(rewards, torch.tensor([0.5, 2.0]), mask)
+    # masked rewards [1, 0, 2, 0] -> reward-to-go [3, 2, 2, 0]; [0, 3, 0, 0] -> [3, 3, 0, 0] (verl's formula:
+    # the baseline only where the mask is 1, the reward-to-go of a masked token before the end is kept)
+    torch.testing.assert_close(ret, torch.tensor([[3.0, 2, 2, 0], [3, 3, 0, 0]]), rtol=0, atol=0)
+    torch.testing.assert_close(adv, torch.tensor([[2.5, 2, 1.5, 0], [3, 1, 0, 0]]), rtol=0, atol=0)
+
+
+def test_remax_refuses_multi_turn_episodes():
+    from nanoverl_core import ConfigError
+    from nanoverl_core.config import Config
+
+    config = Config()
+    estimators.remax.check_config(config)       # single-turn: fine
+    config.environment.name = "guess_digit"
+    with pytest.raises(ConfigError, match="'remax' needs a greedy single-turn baseline.*unset environment.name"):
+        estimators.remax.check_config(config)

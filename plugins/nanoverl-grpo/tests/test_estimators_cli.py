@@ -1,6 +1,7 @@
-"""gdpo, gpg and optimal_token_baseline through `nanoverl-train` in a subprocess, as a user runs them:
+"""gdpo, gpg, optimal_token_baseline and remax through `nanoverl-train` in a subprocess, as a user runs them:
 listed with a description, their settings in --dry-run, a bad setting or a config gdpo cannot serve exits 2
-with one line, and each trains two steps by name on the debug backends."""
+with one line, and each trains two steps by name on the debug backends (remax with its greedy baseline
+rollout and that rollout's metrics)."""
 
 import json
 import math
@@ -14,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples" / "configs"
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
-NEW_ESTIMATORS = ["gdpo", "gpg", "optimal_token_baseline"]
+NEW_ESTIMATORS = ["gdpo", "gpg", "optimal_token_baseline", "remax"]
 SHORT = ["trainer.total_steps=2", "trainer.val_every=0", "trainer.save_every=0", "data.batch_size=4", "rollout.n=4",
          "trainer.progress=none"]
 TWO_REWARDS = '''
@@ -106,3 +107,20 @@ def test_gpg_and_the_optimal_token_baseline_train_by_name(tmp_path, name):
     assert len(rows) == 2 and all(math.isfinite(r["actor/pg_loss"]) for r in rows)
 
 
+
+
+def test_remax_trains_with_a_greedy_baseline_per_prompt_and_refuses_multi_turn(tmp_path):
+    proc = run_cli("--config", REINFORCE, "algorithm.advantage_estimator=remax", *SHORT,
+                   "trainer.rollout_samples=-1", f"trainer.output_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 2 and all(math.isfinite(r["actor/pg_loss"]) for r in rows)
+    for r in rows:      # 4 prompts, one greedy answer each, at most rollout.max_new_tokens = 4 tokens
+        assert r["remax/baseline_prompts"] == 4 and 4 <= r["remax/baseline_tokens"] <= 16
+        assert 0 <= r["remax/reward/mean"] <= 1 and r["timing/baseline_rollout"] > 0
+        assert r["timing/baseline_reward"] >= 0 and r["rollout/response_length/mean"] > 0
+    # the baseline's answers are not training samples: the rollout dump holds the 16 sampled rows only
+    assert len((tmp_path / "rollouts" / "step_2.jsonl").read_text().splitlines()) == 16
+    bad = run_cli("--config", REINFORCE, "--dry-run", "algorithm.advantage_estimator=remax",
+                  "environment.name=copy_turns")
+    assert_user_error(bad, "'remax' needs a greedy single-turn baseline", "environment.name = 'copy_turns'")

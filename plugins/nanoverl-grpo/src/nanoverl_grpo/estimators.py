@@ -4,9 +4,10 @@ Every estimator scores a response by one number, score_i = sum over t of token_l
 (the reward sits on the last valid token, minus any in-reward KL), compares it with the other
 responses sampled from the same prompt (rows sharing a `uid`, in any order), and broadcasts the
 resulting scalar advantage over the response's tokens that count (the batch's `loss_mask`). Outputs are (B, R), zero on padding,
-and returns = advantages (there is no critic), as in verl's `core_algos.py`. Two differ: gdpo does this
-for each of several rewards ([[reward.components]]) on its own before combining them, and
-optimal_token_baseline compares reward-to-go position by position (its returns are the reward-to-go).
+and returns = advantages (there is no critic), as in verl's `core_algos.py`. Three differ: gdpo does this
+for each of several rewards ([[reward.components]]) on its own before combining them,
+optimal_token_baseline compares reward-to-go position by position (its returns are the reward-to-go), and
+remax compares the reward-to-go with the score of a greedy response to the same prompt (not the group).
 
 Shared conventions (pinned by tests/test_estimators.py):
   * a group of one has baseline 0 (and std 1 for GRPO): its advantage is its own score (GRPO:
@@ -55,6 +56,18 @@ def _broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> Tensors:
 
 
 # ---- estimators over tensors ------------------------------------------------------------------------
+@torch.no_grad()
+def compute_remax_advantages(token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor,
+                             response_mask: torch.Tensor) -> Tensors:
+    """ReMax: returns[i, t] = sum over t' >= t of token_level_rewards[i, t'] * response_mask[i, t'] (the
+    reward-to-go), advantages = returns - reward_baselines[i] on the masked tokens (verl's
+    compute_remax_outcome_advantage). token_level_rewards, response_mask (B, R); reward_baselines (B,),
+    the score of a greedy response to row i's prompt. Outputs (B, R); on padding after the last valid token
+    both are 0 (returns of a masked token inside a response keep the reward-to-go, as in verl)."""
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    return returns - reward_baselines.unsqueeze(-1) * response_mask, returns
+
+
 @torch.no_grad()
 def compute_grpo_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                             uids: Sequence[Hashable], *, epsilon: float = 1e-6, norm_by_std: bool = True) -> Tensors:
@@ -319,3 +332,22 @@ def optimal_token_baseline(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
 
 
 optimal_token_baseline.requires_sum_pi_squared = True
+
+
+def remax(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
+    """ReMax: reward-to-go minus the score of a greedy response to the same prompt (`reward_baselines`,
+    (B,), which the trainer's baseline rollout adds because of ``requires_greedy_baseline``)."""
+    rewards = batch["token_level_rewards"]
+    return compute_remax_advantages(rewards, batch["reward_baselines"].to(rewards.dtype), batch["loss_mask"])
+
+
+def _check_remax(config: Config) -> None:
+    """The baseline rollout is single-turn: a greedy episode through an environment is not built."""
+    if config.environment.name:
+        raise ConfigError("algorithm.advantage_estimator = 'remax' needs a greedy single-turn baseline response per "
+                          f"prompt, which multi-turn episodes (environment.name = {config.environment.name!r}) do not "
+                          "have; unset environment.name or use grpo / rloo")
+
+
+remax.requires_greedy_baseline = True
+remax.check_config = _check_remax

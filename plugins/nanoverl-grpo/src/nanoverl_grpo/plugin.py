@@ -22,3 +22,5 @@ def register_advantage_estimators(register):
     register("gpg", f"{est}:gpg", description="group mean baseline times batch size / rows with a non-zero score (GPG)")
     register("optimal_token_baseline", f"{est}:optimal_token_baseline", settings=otb_settings,
              description="per-token group baseline weighted by the path variance (needs the actor's sum of pi^2)")
+    register("remax", f"{est}:remax",
+             description="reward-to-go minus the score of one greedy response per prompt (ReMax; a greedy rollout a step)")
