@@ -167,7 +167,7 @@ def test_an_estimator_that_asks_for_a_greedy_baseline_gets_one_scored_greedy_ans
     assert metrics["timing/baseline_rollout"] > 0 and metrics["timing/baseline_reward"] > 0
     assert not (tmp_path / "remax" / "reward_errors.jsonl").exists()
 
-    plain, plain_calls, plain_metrics, _ = run(tmp_path / "plain", False)
+    plain, _, plain_metrics, _ = run(tmp_path / "plain", False)
     assert "reward_baselines" not in plain[0] and not any(k.startswith("remax/") for k in plain_metrics)
     for a, b in zip(seen, plain):      # the same training samples, step after step
         assert torch.equal(a["responses"], b["responses"]) and a["prompt_text"] == b["prompt_text"]
