@@ -243,8 +243,7 @@ class Trainer:
         prompts = RLBatch({k: rows[k] for k in ("prompts", "prompt_mask")},
                           {k: v for k, v in rows.non_tensors.items() if k in ("prompt_text", "row", "index",
                                                                               "data_source", "uid")})
-        r = self.config.rollout
-        params = SamplingParams(r.max_new_tokens, temperature=0.0, top_p=r.top_p, top_k=r.top_k)
+        params = attrs.evolve(self.sampling(), temperature=0.0)                 # the training sampling, greedy
         with timed(timing, "baseline_rollout"), fork_rng():
             prompts.update(shard_rollout(lambda b: self.rollout.generate(b, params), prompts,
                                          pad_token_id=self.tokenizer.pad_token_id,

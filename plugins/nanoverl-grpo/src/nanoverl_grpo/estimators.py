@@ -55,6 +55,11 @@ def _broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> Tensors:
     return adv, adv
 
 
+def _reward_to_go(token_level_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """G[i, t] = sum over t' >= t of token_level_rewards[i, t'] * mask[i, t'], (B, R) (no discount)."""
+    return (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+
+
 # ---- estimators over tensors ------------------------------------------------------------------------
 @torch.no_grad()
 def compute_remax_advantages(token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor,
@@ -64,7 +69,7 @@ def compute_remax_advantages(token_level_rewards: torch.Tensor, reward_baselines
     compute_remax_outcome_advantage). token_level_rewards, response_mask (B, R); reward_baselines (B,),
     the score of a greedy response to row i's prompt. Outputs (B, R); on padding after the last valid token
     both are 0 (returns of a masked token inside a response keep the reward-to-go, as in verl)."""
-    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    returns = _reward_to_go(token_level_rewards, response_mask)
     return returns - reward_baselines.unsqueeze(-1) * response_mask, returns
 
 
@@ -226,7 +231,7 @@ def compute_optimal_token_baseline_advantages(token_level_rewards: torch.Tensor,
     if len(uids) != token_level_rewards.shape[0]:
         raise ValueError(f"{token_level_rewards.shape[0]} rows but {len(uids)} uids; every row needs a uid")
     mask = response_mask.to(token_level_rewards.dtype)
-    returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)                  # G_t, (B, R)
+    returns = _reward_to_go(token_level_rewards, mask)                                   # G_t, (B, R)
     w = 1 - 2 * old_log_probs.exp() + sum_pi_squared
     if rollout_is_weights is not None:
         w = w * rollout_is_weights ** 2
