@@ -25,7 +25,7 @@ ROOT = Path(__file__).parent
 DEPS = ROOT / ".nox" / "_deps"
 DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors", "datasets>=3.0", "numpy",
              "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "matplotlib>=3.7", "mlflow>=2.16", "pytest>=8",
-             "pytest-timeout", "playwright>=1.40", "setuptools>=68", "wheel"]
+             "pytest-timeout", "hypothesis>=6.100", "playwright>=1.40", "setuptools>=68", "wheel"]
 PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "TOKENIZERS_PARALLELISM": "false"}

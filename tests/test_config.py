@@ -68,7 +68,7 @@ def test_wrong_type_names_the_key(override, needle):
     (["actor.use_kl_loss=true"], "reference.enable = true"),
     (["algorithm.use_kl_in_reward=true"], "reference.enable = true"),
     (["rollout.temperature=0"], "rollout.temperature = 0"),
-    (["rollout.n=0"], "rollout.n = 0 must be at least 1"),
+    (["rollout.n=0"], "config key .rollout.n.: 0 is not an integer >= 1"),
     (["data.train_files=[]"], "data.train_files is empty"),
 ])
 def test_impossible_combinations_are_rejected(overrides, needle):

@@ -133,7 +133,7 @@ def test_the_loader_resumes_at_the_prompt_after_a_steps_last_round(tmp_path, mon
 def test_a_bad_filter_groups_max_rounds_exits_2_naming_the_key(tmp_path):
     common = ["--config", REINFORCE, "--dry-run", QUIET, f"trainer.output_dir={tmp_path}"]
     assert_user_error(run_cli(*common, "algorithm.filter_groups=true", "algorithm.filter_groups_max_rounds=0"),
-                      "algorithm.filter_groups_max_rounds = 0 must be at least 1")
+                      "'algorithm.filter_groups_max_rounds': 0 is not an integer >= 1")
     assert_user_error(run_cli(*common, "algorithm.filter_groups_max_rounds=3"),
                       "algorithm.filter_groups_max_rounds is set but algorithm.filter_groups = false")
     assert_user_error(run_cli(*common, "algorithm.filter_groups=true", "algorithm.filter_groups_max_rounds=many"),

@@ -72,13 +72,41 @@ def test_unknown_keys_and_wrong_types_in_a_file_name_the_key_path(tmp_path, text
 @pytest.mark.parametrize("overrides, needles", [
     (["critic.lr=0.1"], ["critic.lr is set but critic.enable = false"]),
     (["data.batch_size=16", "actor.mini_batch_size=5"], ["actor.mini_batch_size = 5 must divide"]),
-    (["trainer.keep_checkpoints=0"], ["trainer.keep_checkpoints = 0"]),
-    (["rollout.top_p=1.5"], ["rollout.top_p = 1.5"]),
-    (["reward.timeout_s=-1"], ["reward.timeout_s = -1.0 must not be negative"]),
+    (["trainer.keep_checkpoints=0"], ["'trainer.keep_checkpoints': 0 is not an integer >= 1"]),
+    (["rollout.top_p=1.5"], ["'rollout.top_p': 1.5 is not a finite number in (0, 1]"]),
+    (["reward.timeout_s=-1"], ["'reward.timeout_s': -1.0 is not a finite number >= 0"]),
+    (["actor.lr=nan"], ["'actor.lr': nan is not a finite number >= 0"]),                 # once accepted, and trained
+    (["actor.lr=inf"], ["'actor.lr': inf is not a finite number >= 0"]),
+    (["actor.clip_ratio_low=1.5"], ["'actor.clip_ratio_low': 1.5 is not a finite number in [0, 1)"]),  # 1 - 1.5 < 0
+    (["environment.name=calculator", "environment.max_turns=0"],                          # a nested table's domain
+     ["'environment.max_turns': 0 is not an integer >= 1"]),
+    (["algorithm.rollout_correction.rs_threshold_low=0"],
+     ["'algorithm.rollout_correction.rs_threshold_low': 0.0 is not a finite number > 0 (or unset)"]),
+    (["actor.betas=[0.9,1.0]"], ["'actor.betas': [0.9, 1.0] is not two numbers in [0, 1)"]),
     (["trainer.on_nonfinite=ignore"], ["trainer.on_nonfinite"]),
 ])
 def test_impossible_combinations_exit_2_through_the_cli(overrides, needles):
     assert_user_error(run_cli("--config", REINFORCE, *overrides, "--dry-run"), *needles)
+
+
+def test_path_keys_of_the_wrong_kind_exit_2_before_anything_is_written(tmp_path):
+    """Each once ended in a traceback: a file as the output folder (FileExistsError), a data file or a
+    folder as the reward module (AttributeError), an output folder that cannot be made."""
+    a_file = write(tmp_path / "a_file", "")
+    data = str(ROOT / "examples" / "data" / "debug_copy" / "train.jsonl")
+    for overrides, needles in [
+        ([f"trainer.output_dir={a_file}"], ["'trainer.output_dir'", "is a file, not a folder"]),
+        ([f"reward.file={data}"], ["'reward.file'", "is a .jsonl file, not a Python module (.py)"]),
+        ([f"reward.file={tmp_path}"], ["'reward.file'", "is a folder, not a Python module (.py)"]),
+        ([f"trainer.output_dir={a_file}/run"], ["trainer.output_dir", "cannot be created", "write to"]),
+    ]:
+        proc = run_cli("--config", REINFORCE, *FAST, *overrides)
+        assert_user_error(proc, *needles)
+    text = Path(REINFORCE).read_text() + f'\n[[reward.components]]\nfile = "{data}"\n'
+    components = write(tmp_path / "c.toml", text)
+    assert_user_error(run_cli("--config", str(components), *FAST),
+                      "'reward.components[0].file'", "not a Python module")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "c.toml"]
 
 
 # ---- model --------------------------------------------------------------------------------------

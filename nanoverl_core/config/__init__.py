@@ -3,6 +3,8 @@
     schema.py      the attrs classes, one per section, a docstring and the real default at every field;
                    the lists of names a key may take (LOSS_AGG_MODES, KL_ESTIMATORS, CORRECTION_LEVELS,
                    RS_KL_OPTIONS), each written once
+    domains.py     value domains declared at the field (at_least, above, between, finite; the path kinds
+                   folder and python_file): the check and its error line in one declaration
     rules.py       cross-field rules, one function per section (`Config.validate` runs them)
     structure.py   strict cattrs structuring and unknown-key checks, each mistake one `error:` line;
                    MOVED_KEYS, the keys that moved into a component's table
@@ -11,6 +13,7 @@
 """
 
 from .components import COMPONENTS, component_settings
+from .domains import Number, PathKind, above, at_least, between, finite, folder, python_file
 from .load import apply_override, config_from_dict, load_config
 from .schema import (CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, RS_KL_OPTIONS, ActorConfig, AlgorithmConfig,
                      Config, CriticConfig, DataConfig, DType, EnvironmentConfig, KLEstimator, LoraConfig, LossAggMode,
@@ -22,5 +25,6 @@ __all__ = ["COMPONENTS", "CORRECTION_LEVELS", "KL_ESTIMATORS", "LOSS_AGG_MODES",
            "ActorConfig", "AlgorithmConfig", "Config", "CriticConfig", "DType", "DataConfig", "EnvironmentConfig",
            "KLEstimator", "LoraConfig", "LossAggMode", "ModelConfig", "OptimConfig", "ReferenceConfig", "RewardComponent",
            "RewardConfig", "RolloutConfig", "RolloutCorrectionConfig", "TrackingConfig", "TrainerConfig",
-           "WorkerConfig", "apply_override", "component_settings", "config_from_dict", "drop_moved_keys",
+           "WorkerConfig", "Number", "PathKind", "above", "at_least", "between", "finite", "folder", "python_file",
+           "apply_override", "component_settings", "config_from_dict", "drop_moved_keys",
            "load_config"]

@@ -1,5 +1,6 @@
 """Cross-field rules, one function per config section: batch sizes that divide, a critic key with the
-critic off, a KL term without a reference, ... `Config.validate` runs `check_config` before anything
+critic off, a KL term without a reference, ... (one key's own range is its domain, declared at the field:
+domains.py). `Config.validate` runs `check_config` before anything
 heavy loads; the first broken rule is one `ConfigError` naming the key and the fix.
 
 The sections run in the order of the config file; the data files come last, so a config written to try
@@ -8,7 +9,6 @@ one rule reports that rule even before it names its data.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -26,18 +26,6 @@ def check_config(config: Config) -> None:
         rule(config)
 
 
-def _at_least_one(values: dict[str, int]) -> None:
-    for key, value in values.items():
-        if value < 1:
-            raise ConfigError(f"{key} = {value} must be at least 1")
-
-
-def _not_negative(values: dict[str, float]) -> None:
-    for key, value in values.items():
-        if value < 0:
-            raise ConfigError(f"{key} = {value} must not be negative")
-
-
 def _changed_fields(obj: Any, default: Any, ignore: set[str]) -> list[str]:
     return [f.name for f in attrs.fields(type(obj))
             if f.name not in ignore and getattr(obj, f.name) != getattr(default, f.name)]
@@ -45,40 +33,19 @@ def _changed_fields(obj: Any, default: Any, ignore: set[str]) -> list[str]:
 
 def trainer_rules(config: Config) -> None:
     t = config.trainer
-    _at_least_one({"trainer.total_steps": t.total_steps})
-    _not_negative({"trainer.save_every": t.save_every, "trainer.val_every": t.val_every,
-                   "trainer.critic_warmup": t.critic_warmup, "trainer.num_threads": t.num_threads})
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
         raise ConfigError(f"trainer.device = {t.device!r} is not a supported device; use auto, cpu, cuda or cuda:N")
-    if t.keep_checkpoints < 1:
-        raise ConfigError(f"trainer.keep_checkpoints = {t.keep_checkpoints} must be at least 1 "
-                          "(a resumable run needs its newest checkpoint)")
-
-
-def data_size_rules(config: Config) -> None:
-    d = config.data
-    _at_least_one({"data.batch_size": d.batch_size, "data.val_batch_size": d.val_batch_size,
-                   "data.max_prompt_length": d.max_prompt_length})
 
 
 def rollout_rules(config: Config) -> None:
-    r = config.rollout
-    _at_least_one({"rollout.n": r.n, "rollout.val_n": r.val_n, "rollout.max_new_tokens": r.max_new_tokens})
-    _not_negative({"rollout.top_k": r.top_k, "rollout.temperature": r.temperature,
-                   "rollout.val_temperature": r.val_temperature})
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"rollout.top_p = {r.top_p} must be in (0, 1]")
-    if r.temperature == 0:
+    if config.rollout.temperature == 0:
         raise ConfigError("rollout.temperature = 0 is greedy, which gives every sample of a prompt the same "
                           "response; use a positive temperature for training (val_temperature may be 0)")
 
 
 def _update_rules(config: Config, section: str, mini: int) -> None:
-    """What the actor and the critic share: epochs, learning rate, mini- and micro-batch sizes."""
+    """What the actor and the critic share: mini- and micro-batch sizes that fit."""
     part = getattr(config, section)
-    _at_least_one({f"{section}.ppo_epochs": part.ppo_epochs})
-    _not_negative({f"{section}.{key}": getattr(part, key)
-                   for key in ("mini_batch_size", "micro_batch_size", "lr", "max_tokens_per_micro_batch")})
     if part.micro_batch_size and part.max_tokens_per_micro_batch:
         raise ConfigError(f"{section}.micro_batch_size and {section}.max_tokens_per_micro_batch are both set; "
                           "set one: a row count or a token budget per micro-batch")
@@ -91,11 +58,7 @@ def _update_rules(config: Config, section: str, mini: int) -> None:
 
 
 def actor_rules(config: Config) -> None:
-    a = config.actor
     _update_rules(config, "actor", config.actor_mini_batch_size)
-    _not_negative({"actor.logits_chunk_size": a.logits_chunk_size})
-    if a.clip_ratio_c <= 1:
-        raise ConfigError(f"actor.clip_ratio_c = {a.clip_ratio_c} must be greater than 1 (dual-clip bound)")
 
 
 def critic_rules(config: Config) -> None:
@@ -118,26 +81,20 @@ def reference_rules(config: Config) -> None:
 def algorithm_rules(config: Config) -> None:
     alg = config.algorithm
     rc = alg.rollout_correction
-    if rc.is_threshold <= 0 or (rc.is_threshold_low is not None and not 0 <= rc.is_threshold_low <= rc.is_threshold):
-        raise ConfigError("algorithm.rollout_correction.is_threshold must be positive and is_threshold_low, if set, "
-                          f"in [0, is_threshold]; got {rc.is_threshold} and {rc.is_threshold_low}")
-    if rc.rs_threshold_high <= 0 or (rc.rs_threshold_low is not None
-                                     and not 0 < rc.rs_threshold_low <= rc.rs_threshold_high):
-        raise ConfigError("algorithm.rollout_correction.rs_threshold_high must be positive and rs_threshold_low, "
-                          f"if set, in (0, rs_threshold_high]; got {rc.rs_threshold_high} and {rc.rs_threshold_low}")
+    if rc.is_threshold_low is not None and rc.is_threshold_low > rc.is_threshold:
+        raise ConfigError("algorithm.rollout_correction.is_threshold_low, if set, must be in [0, is_threshold]; "
+                          f"got {rc.is_threshold_low} above is_threshold = {rc.is_threshold}")
+    if rc.rs_threshold_low is not None and rc.rs_threshold_low > rc.rs_threshold_high:
+        raise ConfigError("algorithm.rollout_correction.rs_threshold_low, if set, must be in (0, rs_threshold_high]; "
+                          f"got {rc.rs_threshold_low} above rs_threshold_high = {rc.rs_threshold_high}")
     if rc.rs_kl != "off" and rc.rs_kl_threshold <= 0:
         raise ConfigError(f"algorithm.rollout_correction.rs_kl = {rc.rs_kl!r} needs a positive rs_kl_threshold")
-    if alg.filter_groups_max_rounds < 1:
-        raise ConfigError(f"algorithm.filter_groups_max_rounds = {alg.filter_groups_max_rounds} must be at least 1 "
-                          "(the generation rounds one step may take, the first included; 1 = no refill)")
     if alg.filter_groups and config.rollout.n < 2:
         raise ConfigError("algorithm.filter_groups = true needs rollout.n >= 2: a group of one has no spread "
                           "and is always dropped")
     if not alg.filter_groups and alg.filter_groups_max_rounds != type(alg)().filter_groups_max_rounds:
         raise ConfigError("algorithm.filter_groups_max_rounds is set but algorithm.filter_groups = false; "
                           "set algorithm.filter_groups = true or remove the key")
-    if not 0 <= alg.gamma <= 1 or not 0 <= alg.lam <= 1:
-        raise ConfigError("algorithm.gamma and algorithm.lam must be in [0, 1]")
 
 
 def lora_rules(config: Config) -> None:
@@ -148,12 +105,6 @@ def lora_rules(config: Config) -> None:
             raise ConfigError(f"model.lora.{changed[0]} is set but model.lora.enable = false; "
                               "set model.lora.enable = true or remove the model.lora keys")
         return
-    if lora.rank < 1:
-        raise ConfigError(f"model.lora.rank = {lora.rank} must be at least 1 (typical: 8 to 64)")
-    if lora.alpha <= 0:
-        raise ConfigError(f"model.lora.alpha = {lora.alpha} must be positive (typical: 2 * rank)")
-    if not 0 <= lora.dropout < 1:
-        raise ConfigError(f"model.lora.dropout = {lora.dropout} must be in [0, 1)")
     targets = lora.target_modules
     if isinstance(targets, str) and targets != "all-linear" or isinstance(targets, list) and (
             not targets or "all-linear" in targets):
@@ -163,12 +114,9 @@ def lora_rules(config: Config) -> None:
 
 def reward_rules(config: Config) -> None:
     rw = config.reward
-    _not_negative({"reward.timeout_s": rw.timeout_s, "reward.workers": rw.workers,
-                   "reward.memory_limit_mb": rw.memory_limit_mb, "reward.overlong_buffer_len": rw.overlong_buffer_len})
     if rw.overlong_buffer_len > config.rollout.max_new_tokens:
         raise ConfigError(f"reward.overlong_buffer_len = {rw.overlong_buffer_len} must not exceed "
                           f"rollout.max_new_tokens = {config.rollout.max_new_tokens}")
-    _not_negative({"reward.overlong_penalty_factor": rw.overlong_penalty_factor})
     if rw.components:
         _reward_component_rules(rw)
 
@@ -183,8 +131,6 @@ def _reward_component_rules(rw: Any) -> None:
         key = f"reward.components[{i}]"
         if not comp.name and not comp.file:
             raise ConfigError(f"{key} names no reward; set its name (a registered reward) or file")
-        if not math.isfinite(comp.weight):
-            raise ConfigError(f"{key}.weight = {comp.weight} must be a finite number")
         if comp.label in labels:
             raise ConfigError(f"{key}: two components are called {comp.label!r}; give one a different name "
                               "(with a file, name is only its label)")
@@ -200,6 +146,6 @@ def data_file_rules(config: Config) -> None:
                           "name a validation file or set trainer.eval_before_after = false")
 
 
-SECTION_RULES = (trainer_rules, data_size_rules, rollout_rules, actor_rules, critic_rules, reference_rules,
+SECTION_RULES = (trainer_rules, rollout_rules, actor_rules, critic_rules, reference_rules,
                  algorithm_rules, lora_rules, reward_rules, data_file_rules)
 """The order `check_config` runs them in."""

@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 import attrs
 
 from .components import COMPONENTS, settings_by_name
+from .domains import above, at_least, between, finite, folder, python_file
 from .rules import check_config
 from .structure import converter
 
@@ -33,6 +34,11 @@ DType = Literal["float32", "bfloat16", "float16"]
 """A parameter dtype (model.dtype, and the plugins' settings that take one)."""
 
 
+def _betas(instance: Any, attribute: attrs.Attribute, value: list[float]) -> None:
+    if len(value) != 2 or not all(between(0, 1, high_open=True).contains(b) for b in value):
+        raise ValueError(f"{value!r} is not two numbers in [0, 1) (AdamW's beta1, beta2)")
+
+
 def _settings(**kwargs):
     """A component's typed settings: not a key the user writes under this name (see `component_settings`)."""
     return attrs.field(default=None, init=False, **kwargs)
@@ -40,15 +46,15 @@ def _settings(**kwargs):
 
 @attrs.define
 class TrainerConfig:
-    total_steps: int = 100
+    total_steps: int = attrs.field(default=100, validator=at_least(1))
     """Trainer steps (one rollout batch and one policy update each)."""
-    seed: int = 0
+    seed: int = attrs.field(default=0, validator=between(0, 2**32 - 1))
     """Seeds python, numpy and torch; every run with the same seed and config is identical on CPU."""
-    output_dir: str = "runs/demo"
+    output_dir: str = attrs.field(default="runs/demo", validator=folder)
     """The run directory: config.json, metrics.jsonl, rollouts/, checkpoints/."""
-    save_every: int = 50
+    save_every: int = attrs.field(default=50, validator=at_least(0))
     """Checkpoint period in steps; 0 saves only at the end."""
-    val_every: int = 25
+    val_every: int = attrs.field(default=25, validator=at_least(0))
     """Validation period in steps; 0 never validates."""
     val_before_train: bool = False
     """Validate once before the first step (logged as step 0)."""
@@ -57,15 +63,15 @@ class TrainerConfig:
     (the `nanoverl-train eval` table): printed, and written to eval.json in the run directory."""
     resume: str = "auto"
     """"auto" (newest complete checkpoint in output_dir), "never", or a checkpoint folder path."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = attrs.field(default=2, validator=at_least(1))
     """How many complete checkpoints to keep; older ones are deleted after a successful save."""
-    critic_warmup: int = 0
+    critic_warmup: int = attrs.field(default=0, validator=at_least(0))
     """Steps during which only the critic is updated (the actor waits)."""
-    rollout_samples: int = 8
+    rollout_samples: int = attrs.field(default=8, validator=at_least(-1))
     """Samples per step written to rollouts/step_<N>.jsonl; 0 writes none, -1 writes all."""
     device: str = "auto"
     """"auto" (cuda if available), "cpu", or "cuda" / "cuda:N"."""
-    num_threads: int = 0
+    num_threads: int = attrs.field(default=0, validator=at_least(0))
     """torch intra-op threads; 0 keeps torch's default. One thread is often fastest for tiny models."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """A NaN/inf loss or gradient: "stop" ends the run (exit 2, last checkpoint kept), "skip" drops the update."""
@@ -83,11 +89,11 @@ class DataConfig:
     """Column holding the prompt: a string, or a chat message list rendered with the chat template."""
     data_source_key: str = "data_source"
     """Column used to group validation summaries (val/<source>/reward/mean); missing -> "default"."""
-    batch_size: int = 16
+    batch_size: int = attrs.field(default=16, validator=at_least(1))
     """Prompts per step (before sampling n responses each)."""
-    val_batch_size: int = 64
+    val_batch_size: int = attrs.field(default=64, validator=at_least(1))
     """Prompts per validation generate call."""
-    max_prompt_length: int = 256
+    max_prompt_length: int = attrs.field(default=256, validator=at_least(1))
     """Prompts with more tokens are filtered out at load time (the count is logged)."""
     shuffle: bool = True
     """Reshuffle the training prompts every epoch (seeded by trainer.seed and the epoch)."""
@@ -112,11 +118,11 @@ class LoraConfig:
     enable: bool = False
     """Train a LoRA adapter on the frozen base model (policy, and the critic with a full value head);
     the reference is the same module with the adapter disabled (no second copy)."""
-    rank: int = 8
+    rank: int = attrs.field(default=8, validator=at_least(1))
     """Adapter rank r (peft LoraConfig.r): trainable parameters per adapted layer r * (in + out)."""
-    alpha: float = 16.0
+    alpha: float = attrs.field(default=16.0, validator=above(0))
     """LoRA alpha: the adapter's output is scaled by alpha / rank."""
-    dropout: float = 0.0
+    dropout: float = attrs.field(default=0.0, validator=between(0, 1, high_open=True))
     """Dropout on the adapter's input in the update's forward (log-prob passes run without it)."""
     target_modules: TargetModules = "all-linear"
     """"all-linear" (every linear layer but the output head) or a list of module names, e.g. ["q_proj", "v_proj"]."""
@@ -142,22 +148,22 @@ class ModelConfig:
 class RolloutConfig:
     name: str = "debug"
     """A registered rollout engine (`nanoverl-train plugins` lists them)."""
-    n: int = 1
+    n: int = attrs.field(default=1, validator=at_least(1))
     """Responses sampled per prompt; rows sampled from one prompt share a uid."""
-    max_new_tokens: int = 32
+    max_new_tokens: int = attrs.field(default=32, validator=at_least(1))
     """Maximum response length; generation stops earlier once every sequence hit EOS."""
-    temperature: float = 1.0
+    temperature: float = attrs.field(default=1.0, validator=at_least(0))
     """Sampling temperature; log-probs for training use the same temperature."""
-    top_p: float = 1.0
+    top_p: float = attrs.field(default=1.0, validator=between(0, 1, low_open=True))
     """Nucleus sampling threshold (1.0 disables)."""
-    top_k: int = 0
+    top_k: int = attrs.field(default=0, validator=at_least(0))
     """Top-k sampling (0 disables)."""
-    val_n: int = 1
+    val_n: int = attrs.field(default=1, validator=at_least(1))
     """Samples per validation prompt when val_temperature > 0 (mean@n and best@n are logged; greedy
     validation takes one), and for the sampled row of eval / trainer.eval_before_after."""
-    val_temperature: float = 0.0
+    val_temperature: float = attrs.field(default=0.0, validator=at_least(0))
     """Validation temperature; 0 is greedy."""
-    micro_batch_size: int = 0
+    micro_batch_size: int = attrs.field(default=0, validator=at_least(0))
     """Rows per generate call; 0 generates the whole batch at once."""
     settings: Any = _settings()
     """The selected rollout's own settings, written as [rollout.<name>] (see `component_settings`)."""
@@ -173,59 +179,59 @@ class WorkerConfig:
 
 @attrs.define
 class OptimConfig:
-    lr: float = 1e-5
+    lr: float = attrs.field(default=1e-5, validator=at_least(0))
     """AdamW learning rate: the critic's default (ActorConfig sets the policy's own, 1e-6, at its field)."""
-    weight_decay: float = 0.0
+    weight_decay: float = attrs.field(default=0.0, validator=at_least(0))
     """AdamW weight decay."""
-    betas: list[float] = attrs.Factory(lambda: [0.9, 0.999])
+    betas: list[float] = attrs.field(factory=lambda: [0.9, 0.999], validator=_betas)
     """AdamW betas."""
-    warmup_steps: int = 0
+    warmup_steps: int = attrs.field(default=0, validator=at_least(0))
     """Linear warm-up from 0 over this many optimizer steps."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     """Schedule after warm-up (decays to min_lr_ratio * lr at the run's last optimizer step)."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = attrs.field(default=0.0, validator=between(0, 1))
     """Floor of the cosine / linear decay as a fraction of lr."""
-    grad_clip: float = 1.0
+    grad_clip: float = attrs.field(default=1.0, validator=at_least(0))
     """Clip the global gradient norm to this (0 disables)."""
 
 
 @attrs.define
 class ActorConfig(OptimConfig):
-    lr: float = 1e-6
+    lr: float = attrs.field(default=1e-6, validator=at_least(0))
     """AdamW learning rate of the policy (the critic's default is 1e-5)."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = attrs.field(default=1, validator=at_least(1))
     """Passes over each step's rollouts."""
-    mini_batch_size: int = 0
+    mini_batch_size: int = attrs.field(default=0, validator=at_least(0))
     """Prompts per optimizer step (with their n samples); 0 = data.batch_size (one update per epoch)."""
-    micro_batch_size: int = 0
+    micro_batch_size: int = attrs.field(default=0, validator=at_least(0))
     """Rows per forward/backward (gradient accumulation); 0 = the whole mini-batch."""
-    max_tokens_per_micro_batch: int = 0
+    max_tokens_per_micro_batch: int = attrs.field(default=0, validator=at_least(0))
     """Instead of micro_batch_size: rows grouped by length into micro-batches of at most this many
     (padded) tokens, for the update and the log-prob passes; 0 = off."""
-    clip_ratio_low: float = 0.2
+    clip_ratio_low: float = attrs.field(default=0.2, validator=between(0, 1, high_open=True))
     """PPO ratio clip below 1 (ratio >= 1 - clip_ratio_low)."""
-    clip_ratio_high: float = 0.2
+    clip_ratio_high: float = attrs.field(default=0.2, validator=at_least(0))
     """PPO ratio clip above 1 (clip-higher uses e.g. 0.28)."""
-    clip_ratio_c: float = 3.0
+    clip_ratio_c: float = attrs.field(default=3.0, validator=above(1))
     """Dual-clip bound for negative advantages (> 1); the loss is capped at -A * clip_ratio_c."""
     policy_loss: str = "vanilla"
     """A registered policy loss: "vanilla" (token-level PPO ratio), "gspo" (sequence-level ratio), or a plugin's."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How token losses become one number (docs/algorithms.md lists when to use each)."""
-    loss_scale_factor: float = 0.0
+    loss_scale_factor: float = attrs.field(default=0.0, validator=at_least(0))
     """seq-mean-token-sum-norm divisor; 0 uses the response length budget (rollout.max_new_tokens)."""
-    entropy_coeff: float = 0.0
+    entropy_coeff: float = attrs.field(default=0.0, validator=finite())
     """Entropy bonus coefficient (the loss subtracts entropy_coeff * entropy)."""
     use_kl_loss: bool = False
     """Add a KL(pi || ref) loss term (needs reference.enable)."""
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: float = attrs.field(default=0.001, validator=at_least(0))
     """Weight of the KL loss term."""
     kl_loss_type: KLEstimator = "low_var_kl"
     """KL estimator of the loss term: k1 (= kl), abs, k2 (= mse), k3 (= low_var_kl); a "+" suffix keeps the
     value but takes the k2 gradient (straight-through)."""
-    log_ratio_clamp: float = 20.0
+    log_ratio_clamp: float = attrs.field(default=20.0, validator=above(0))
     """The log-ratio is clamped to +-this before exp so the ratio cannot overflow."""
-    logits_chunk_size: int = 1024
+    logits_chunk_size: int = attrs.field(default=1024, validator=at_least(0))
     """Response positions per chunk through the LM head: log-probs and entropy from the hidden states, never
     the whole (positions, vocabulary) logits (transformers models with a linear head); 0 = the full logits."""
     share_prompts: bool = True
@@ -241,17 +247,17 @@ class ActorConfig(OptimConfig):
 class CriticConfig(OptimConfig):
     enable: bool = False
     """Train a value model (PPO with GAE); every other critic key needs this on."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = attrs.field(default=1, validator=at_least(1))
     """Passes over each step's rollouts for the critic."""
-    mini_batch_size: int = 0
+    mini_batch_size: int = attrs.field(default=0, validator=at_least(0))
     """Prompts per critic optimizer step; 0 = data.batch_size."""
-    micro_batch_size: int = 0
+    micro_batch_size: int = attrs.field(default=0, validator=at_least(0))
     """Rows per critic forward/backward; 0 = the whole mini-batch."""
-    max_tokens_per_micro_batch: int = 0
+    max_tokens_per_micro_batch: int = attrs.field(default=0, validator=at_least(0))
     """Instead of micro_batch_size: critic micro-batches of at most this many (padded) tokens; 0 = off."""
     share_prompts: bool = True
     """As actor.share_prompts, for the value passes and the critic update."""
-    cliprange_value: float = 0.5
+    cliprange_value: float = attrs.field(default=0.5, validator=at_least(0))
     """Value clipping around the old values (PPO-style)."""
     loss_agg_mode: LossAggMode = "token-mean"
     """Aggregation of the value loss."""
@@ -280,21 +286,21 @@ class RolloutCorrectionConfig:
     is_level: Level = "off"
     """Importance weights pi_train / pi_rollout on the policy loss: per token (TIS), per sequence
     (product) or its geometric mean; needs a rollout that returns its log-probs."""
-    is_threshold: float = 2.0
+    is_threshold: float = attrs.field(default=2.0, validator=above(0))
     """Upper bound C of the importance weights: min(w, C) (truncation)."""
-    is_threshold_low: float | None = None
+    is_threshold_low: float | None = attrs.field(default=None, validator=at_least(0, optional=True))
     """Set a lower bound L to zero weights outside [L, C] instead of truncating (IcePop / masked IS)."""
     is_batch_normalize: bool = False
     """Divide the weights by their batch mean."""
     rs_level: Level = "off"
     """Rejection: drop tokens (or whole sequences) whose ratio leaves [rs_threshold_low, rs_threshold_high]."""
-    rs_threshold_high: float = 2.0
+    rs_threshold_high: float = attrs.field(default=2.0, validator=above(0))
     """Upper bound of the rejection band (on pi_train / pi_rollout)."""
-    rs_threshold_low: float | None = None
+    rs_threshold_low: float | None = attrs.field(default=None, validator=above(0, optional=True))
     """Lower bound of the rejection band; unset: 1 / rs_threshold_high."""
     rs_kl: RsKL = "off"
     """Also drop tokens / sequences whose k2 or k3 KL estimate (per token, or its sum / mean / max) exceeds rs_kl_threshold."""
-    rs_kl_threshold: float = 0.0
+    rs_kl_threshold: float = attrs.field(default=0.0, validator=at_least(0))
     """Threshold of rs_kl (positive when rs_kl is on)."""
 
     @property
@@ -306,16 +312,16 @@ class RolloutCorrectionConfig:
 class AlgorithmConfig:
     advantage_estimator: str = "gae"
     """A registered advantage estimator (`nanoverl-train plugins` lists them; the core has gae and reinforce_plus_plus)."""
-    gamma: float = 1.0
+    gamma: float = attrs.field(default=1.0, validator=between(0, 1))
     """Discount factor."""
-    lam: float = 1.0
+    lam: float = attrs.field(default=1.0, validator=between(0, 1))
     """GAE lambda."""
     whiten_advantages: bool = False
     """GAE: normalise advantages to zero mean / unit variance over valid tokens."""
     filter_groups: bool = False
     """DAPO's dynamic sampling: drop groups whose scores are all equal (they carry no signal) and sample
     more prompts until data.batch_size groups are left, or filter_groups_max_rounds rounds ran."""
-    filter_groups_max_rounds: int = 10
+    filter_groups_max_rounds: int = attrs.field(default=10, validator=at_least(1))
     """filter_groups: the most generation rounds (data.batch_size fresh prompts, rollout and reward) one step
     takes, the first included (verl's max_num_gen_batches; 1 = no refill). When they are spent the step
     trains on the groups it has (the metric filter/batch_full is 0)."""
@@ -328,11 +334,11 @@ class AlgorithmConfig:
     """KL estimator used in the reward."""
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
     """Fixed kl_coef, or the adaptive controller of Ziegler et al. steering to target_kl."""
-    kl_coef: float = 0.001
+    kl_coef: float = attrs.field(default=0.001, validator=at_least(0))
     """Initial / fixed coefficient of the in-reward KL penalty."""
-    target_kl: float = 0.1
+    target_kl: float = attrs.field(default=0.1, validator=above(0))
     """Adaptive controller: the KL it steers toward."""
-    kl_horizon: int = 10000
+    kl_horizon: int = attrs.field(default=10000, validator=at_least(1))
     """Adaptive controller: horizon (in samples) of its proportional update."""
     rollout_correction: RolloutCorrectionConfig = attrs.Factory(RolloutCorrectionConfig)
     """Importance weights and rejection for the rollout's own log-probs (off by default)."""
@@ -346,11 +352,11 @@ class RewardComponent:
 
     name: str = ""
     """A registered reward; with `file`, only the component's label (default: the file's stem)."""
-    file: str = ""
+    file: str = attrs.field(default="", validator=python_file)
     """A .py file defining this component (runs its code; a warning says so)."""
     function: str = "compute_score"
     """Function name inside `file`."""
-    weight: float = 1.0
+    weight: float = attrs.field(default=1.0, validator=finite())
     """This component's weight in the score (negative for a penalty)."""
 
     @property
@@ -363,7 +369,7 @@ class RewardComponent:
 class RewardConfig:
     name: str = "exact_match"
     """A registered reward function (`nanoverl-train plugins` lists them)."""
-    file: str = ""
+    file: str = attrs.field(default="", validator=python_file)
     """Optional path to a .py file defining the reward (runs its code; a warning says so); a verl-style
     `compute_score(data_source, solution_str, ground_truth, extra_info)` (or any subset of those names)
     and a TRL reward function `(prompts, completions, **kwargs) -> list[float]` run unchanged."""
@@ -372,25 +378,25 @@ class RewardConfig:
     components: list[RewardComponent] = attrs.Factory(list)
     """Several rewards with weights, instead of name / file: [[reward.components]] tables of name or
     file (+ function) and weight; each logged as reward/<name>/mean, the weighted sum is the score."""
-    workers: int = 4
+    workers: int = attrs.field(default=4, validator=at_least(0))
     """Worker processes that score in parallel (a crash or hang there never touches the trainer);
     0 scores in the trainer process (for debugging: timeouts then hold only in the main thread)."""
-    timeout_s: float = 0.0
+    timeout_s: float = attrs.field(default=0.0, validator=at_least(0))
     """Per-call time limit in seconds (0: none). A call that runs over is an error (its worker is killed)."""
-    memory_limit_mb: int = 0
+    memory_limit_mb: int = attrs.field(default=0, validator=at_least(0))
     """Address-space limit of each worker process (RLIMIT_AS) in MiB, so a leaking reward fails with
     MemoryError or dies instead of exhausting the machine; 0: no limit."""
     on_error: Literal["raise", "zero"] = "raise"
     """A call that raises, hangs, returns a non-number or kills its worker: "raise" stops (exit 2,
     naming the row), "zero" scores it 0, counts it in reward/errors (reward/timeouts, reward/crashes)
     and continues. Either way the row goes to reward_errors.jsonl in the run directory."""
-    overlong_buffer_len: int = 0
+    overlong_buffer_len: int = attrs.field(default=0, validator=at_least(0))
     """DAPO soft overlong punishment: a response longer than rollout.max_new_tokens - this many tokens
     loses up to overlong_penalty_factor, linearly over the buffer (verl overlong_buffer.len); 0: off.
     Training scores only: validation measures the task."""
-    overlong_penalty_factor: float = 1.0
+    overlong_penalty_factor: float = attrs.field(default=1.0, validator=at_least(0))
     """The penalty at rollout.max_new_tokens (verl overlong_buffer.penalty_factor)."""
-    pass_threshold: float = 1.0
+    pass_threshold: float = attrs.field(default=1.0, validator=finite())
     """Validation pass@k: a sample passes when its score is at least this."""
     settings: Any = _settings()
     """The selected reward's own settings, written as [reward.<name>] (with components: a dict by name)."""
@@ -402,20 +408,20 @@ class EnvironmentConfig:
 
     name: str = ""
     """A registered environment (`nanoverl-train plugins` lists them); every rollout then runs episodes."""
-    max_turns: int = attrs.field(default=4, validator=attrs.validators.gt(0))
+    max_turns: int = attrs.field(default=4, validator=at_least(1))
     """Model turns per episode at most; the environment's answer to the last one is not appended."""
-    max_turn_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    max_turn_tokens: int = attrs.field(default=0, validator=at_least(0))
     """Tokens one model turn may sample (0: whatever is left of the episode's budget, which is
     rollout.max_new_tokens for the model's and the environment's tokens together)."""
-    reward_weight: float = 1.0
+    reward_weight: float = attrs.field(default=1.0, validator=finite())
     """Weight of the environment's rewards in the score (each on the last token of its turn)."""
     score_answer: bool = True
     """Also score the last model turn's text with [reward] (added with weight 1); false: the
     environment's rewards alone."""
-    workers: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    workers: int = attrs.field(default=2, validator=at_least(0))
     """Worker processes that hold the episodes' environments (one that crashes or hangs costs its episodes,
     never the run); 0 runs them in the trainer process (for debugging: no crash isolation)."""
-    timeout_s: float = 30.0
+    timeout_s: float = attrs.field(default=30.0, validator=at_least(0))
     """Time limit in seconds of each environment call (start, step, close); 0: none."""
     on_error: Literal["raise", "zero"] = "raise"
     """An environment that raises, hangs or answers with something unusable: "raise" stops (exit 2,

@@ -126,6 +126,26 @@ def check_keys(data: dict[str, Any], cls: type, prefix: str = "", extra: tuple[s
                     check_keys(entry, item, f"{path}[{i}].", root=root)
 
 
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Run the field validators of an attrs instance and of the attrs instances it holds (sections, list
+    entries); the first failure is a ConfigError naming its key path."""
+    for field in attrs.fields(type(obj)):
+        value = getattr(obj, field.name)
+        if field.validator is not None:
+            try:
+                field.validator(obj, field, value)
+            except (ValueError, TypeError) as exc:  # attrs' own validators put the message first in args
+                message = exc.args[0] if exc.args else exc
+                raise ConfigError(f"config key {prefix + field.name!r}: {message}; fix the value in the config "
+                                  "or override") from None
+        if attrs.has(type(value)):
+            check_fields(value, f"{prefix}{field.name}.")
+        elif isinstance(value, list):
+            for i, entry in enumerate(value):
+                if attrs.has(type(entry)):
+                    check_fields(entry, f"{prefix}{field.name}[{i}].")
+
+
 def _leaf_message(exc: BaseException, kind: Any) -> str:
     """A validator's own message (attrs names the field and the bound), else cattrs' default."""
     if isinstance(exc, ValueError) and str(exc):
@@ -135,18 +155,12 @@ def _leaf_message(exc: BaseException, kind: Any) -> str:
 
 def structure_as(data: dict[str, Any], cls: type, prefix: str = "") -> Any:
     """cattrs structuring with the first error as one line: 'config key <path>: <what is wrong>'.
-    Field validators (a component's settings may declare them) run after, each reported by its key."""
+    Field validators (the domains of domains.py, or any attrs validator) run after, in every section,
+    nested table and list entry, each failure reported by its full key."""
     try:
         with attrs.validators.disabled():
             obj = converter.structure(data, cls)
-        for field in attrs.fields(cls):
-            if field.validator is not None:
-                try:
-                    field.validator(obj, field, getattr(obj, field.name))
-                except (ValueError, TypeError) as exc:  # attrs' own validators put the message first in args
-                    message = exc.args[0] if exc.args else exc
-                    raise ConfigError(f"config key {prefix + field.name!r}: {message}; fix the value in the config "
-                                      "or override") from None
+        check_fields(obj, prefix)
         return obj
     except ConfigError:
         raise

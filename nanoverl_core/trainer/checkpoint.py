@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..dist import barrier, is_distributed, is_rank0
-from ..errors import CheckpointError, CheckpointMismatch
+from ..errors import CheckpointError, CheckpointMismatch, ConfigError
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -260,9 +260,26 @@ def load_checkpoint(path: Path, workers) -> dict[str, Any]:
     return state
 
 
+def remove_new_entries(run_dir: Path, before: set[Path] | None) -> None:
+    """Undo what a failed start wrote: the run directory itself if it did not exist (`before` None), else
+    the entries that were not in `before`. Checkpoints and files of an earlier run are never touched."""
+    if before is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for path in set(run_dir.iterdir()) - before if run_dir.is_dir() else ():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def write_run_config(run_dir: Path, config, registry) -> None:
     """run_dir/config.json: the resolved config and the version of every plugin (read by export)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"trainer.output_dir = {str(run_dir)!r} cannot be created ({exc.strerror}); "
+                          "name a folder you can write to") from None
     tmp = run_dir / "config.json.tmp"
     tmp.write_text(json.dumps({"config": config.to_dict(), "plugins": registry.versions()}, indent=2))
     tmp.replace(run_dir / "config.json")

@@ -43,8 +43,8 @@ from ..env import episode_metrics
 from ..plugins import Registry
 from ..rollout import SamplingParams
 from ..workers import NonFiniteError
-from .checkpoint import (checkpoint_root, find_resume, load_checkpoint, read_tracker_states, save_checkpoint,
-                         write_run_config)
+from .checkpoint import (checkpoint_root, find_resume, load_checkpoint, read_tracker_states, remove_new_entries,
+                         save_checkpoint, write_run_config)
 from .resolve import build_rollout, check_rollout_log_probs, prompt_tools, resolve_plugins
 from .validation import eval_before_after, validate
 
@@ -59,20 +59,24 @@ class Trainer:
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
 
-        # Trackers first: a tracking store that cannot be reached fails before any model loads.
+        # Trackers first: a tracking store that cannot be reached fails before any model loads. A start
+        # that fails (a bad data row, a model that cannot load) leaves the run directory as it found it.
         resume_from = find_resume(cfg.trainer.resume, checkpoint_root(self.run_dir))
         tracker_states = read_tracker_states(resume_from) if resume_from else {}
         self.trackers = {}
-        if is_rank0():
-            write_run_config(self.run_dir, cfg, registry)
-            for name, make in zip(cfg.tracking.trackers, plugins["trackers"]):
-                self.trackers[name] = make(cfg, self.run_dir, tracker_states.get(name, {} if resume_from else None))
+        before = set(self.run_dir.iterdir()) if self.run_dir.is_dir() else None
         try:
+            if is_rank0():
+                write_run_config(self.run_dir, cfg, registry)
+                for name, make in zip(cfg.tracking.trackers, plugins["trackers"]):
+                    self.trackers[name] = make(cfg, self.run_dir, tracker_states.get(name, {} if resume_from else None))
             self._build(plugins, resume_from)
         except BaseException:
             if getattr(self, "rollout", None) is not None:  # built before the failing part (data, resume)
                 self.rollout.close()
             self._tracker_call("close", False)
+            if is_rank0():
+                remove_new_entries(self.run_dir, before)
             raise
 
     def _build(self, plugins: dict[str, Any], resume_from: Path | None) -> None:

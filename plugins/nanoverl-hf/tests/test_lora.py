@@ -301,7 +301,7 @@ def test_export_writes_merged_weights_equal_to_the_adapters_forward(tmp_path):
                                                 "'qkv' matches no linear or embedding layer",
                                                 "valid choices: all-linear, down_proj, embed_tokens, gate_proj, k_proj, "
                                                 "o_proj, q_proj, up_proj, v_proj"]),
-    ("model.lora.rank=0", ["model.lora.rank = 0 must be at least 1"]),
+    ("model.lora.rank=0", ["'model.lora.rank': 0 is not an integer >= 1"]),
     ("model.lora.target_modules=q_proj", ['must be "all-linear" or a non-empty list']),
     ("worker.name=debug", ["model.lora.enable = true, but worker.name = 'debug' cannot train a LoRA adapter",
                            "valid choices: ", "hf"]),

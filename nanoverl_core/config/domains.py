@@ -1,0 +1,123 @@
+"""Value domains, declared at the field: `lr: float = attrs.field(default=1e-5, validator=at_least(0))`.
+
+A domain is an attrs validator that also describes itself (`domain.describe()`: "a finite number >= 0"), so
+the one declaration is the check and the error line ("config key 'actor.lr': nan is not a finite
+number >= 0"), and tests can read it back (`domain_of`). Every number is finite unless its domain says otherwise
+(NaN and inf are never a learning rate). `structure.structure_as` runs the validators of every section,
+nested table and list entry after structuring, and reports the first failure as one ConfigError naming
+the key; a plugin's settings class gets the same by declaring its fields with these.
+
+Cross-field rules (a batch size that divides another, a key that needs another) stay in rules.py.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+@attrs.frozen
+class Number:
+    """An int or float key's domain: finite, and within [low, high] (each bound optional, open or closed).
+
+    With `optional`, None is allowed too (a key whose absence means "off")."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    optional: bool = False
+
+    def contains(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not self.contains(value):
+            integer = attribute.type in (int, "int", int | None, "int | None")
+            raise ValueError(f"{value!r} is not {self.describe('an integer' if integer else 'a finite number')}")
+
+    def describe(self, kind: str = "a finite number") -> str:
+        """"a finite number in [0, 1)", "an integer >= 1", ..."""
+        if self.low is not None and self.high is not None:
+            bounds = f" in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
+        elif self.low is not None:
+            bounds = f" {'>' if self.low_open else '>='} {_num(self.low)}"
+        elif self.high is not None:
+            bounds = f" {'<' if self.high_open else '<='} {_num(self.high)}"
+        else:
+            bounds = ""
+        return kind + bounds + (" (or unset)" if self.optional else "")
+
+    __str__ = describe
+
+
+def finite(*, optional: bool = False) -> Number:
+    """Any finite number."""
+    return Number(optional=optional)
+
+
+def at_least(low: float, *, optional: bool = False) -> Number:
+    """A finite number >= low (at_least(0): not negative; at_least(1) on an int: a count)."""
+    return Number(low=low, optional=optional)
+
+
+def above(low: float, *, optional: bool = False) -> Number:
+    """A finite number > low (above(0): positive)."""
+    return Number(low=low, low_open=True, optional=optional)
+
+
+def between(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
+            optional: bool = False) -> Number:
+    """A finite number in the interval from low to high; each end closed unless said open."""
+    return Number(low=low, high=high, low_open=low_open, high_open=high_open, optional=optional)
+
+
+def domain_of(field: attrs.Attribute) -> Number | None:
+    """The Number domain declared on a field (also inside attrs' and_), or None."""
+    stack = [field.validator]
+    while stack:
+        validator = stack.pop()
+        if isinstance(validator, Number):
+            return validator
+        stack.extend(getattr(validator, "_validators", ()))
+    return None
+
+
+@attrs.frozen
+class PathKind:
+    """A path key's kind: "python_file" (a `.py` module) or "folder" (a directory, made if missing).
+    Checked where the path exists: an existing path of the wrong kind (a data file as a reward module, a
+    file as the output folder) is the error here. A missing path is the reading component's to report,
+    when it reads it (a run's config.json may name a reward file that has since moved, and `export`
+    still reads that config)."""
+
+    kind: str
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: str) -> None:
+        path = Path(value).expanduser() if value else None
+        if path is None or not path.exists():
+            return
+        if self.kind == "folder" and not path.is_dir():
+            raise ValueError(f"{value!r} is a file, not a folder")
+        if self.kind == "python_file" and (not path.is_file() or path.suffix != ".py"):
+            what = "a folder" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
+            raise ValueError(f"{value!r} is {what}, not a Python module (.py)")
+
+
+python_file = PathKind("python_file")
+"""A `.py` module that defines a function (reward.file)."""
+folder = PathKind("folder")
+"""A directory, created when missing (trainer.output_dir)."""
