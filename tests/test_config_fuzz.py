@@ -205,3 +205,32 @@ def test_the_schema_walk_sees_every_section_and_component_table():
     tables = {key.rsplit(".", 1)[0] for _, key in COMPONENT_KEYS}
     assert {"rollout.debug", "actor.cispo", "tracking.mlflow"} <= tables, tables
     assert typing.get_type_hints(Config)  # the schema resolves (no string annotation left unresolvable)
+
+
+def test_every_number_of_the_core_and_the_first_party_plugins_declares_its_domain():
+    """Every int / float key, of the core's sections and of every first-party component's settings table,
+    carries a domain (config/domains.py), so NaN, inf and out-of-range values are refused at the key."""
+    from conftest import first_party_registry
+    from nanoverl_core.config.domains import domain_of
+
+    def numbers(cls: type, prefix: str) -> list[tuple[str, attrs.Attribute]]:
+        out = []
+        for name, field in user_fields(cls).items():
+            ftype = typing.get_type_hints(cls).get(name, field.type)
+            if isinstance(ftype, type) and attrs.has(ftype):
+                out += numbers(ftype, f"{prefix}{name}.")
+            elif typing.get_origin(ftype) is not list and ftype is not bool and \
+                    set(typing.get_args(ftype) or (ftype,)) - {type(None)} <= {int, float}:
+                out.append((f"{prefix}{name}", field))
+        return out
+
+    fields = numbers(Config, "")
+    registry = first_party_registry()
+    for section, kind in COMPONENTS.items():
+        for name in registry.names(kind):
+            cls = registry.settings_class(kind, name)
+            if cls is not None and registry.entry(kind, name).provider.startswith("nanoverl"):
+                fields += numbers(cls, f"{section}.{name}.")
+    assert len(fields) > 80
+    undeclared = [key for key, field in fields if domain_of(field) is None]
+    assert not undeclared, f"numbers without a declared domain: {undeclared}"

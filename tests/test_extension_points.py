@@ -35,7 +35,7 @@ def test_a_component_table_becomes_its_typed_settings_and_round_trips():
 @pytest.mark.parametrize("override, needle", [
     ("worker.debug.hiden_size=32", "unknown config key 'worker.debug.hiden_size'; did you mean 'worker.debug.hidden_size'?"),
     ("worker.debug.hidden_size=big", "config key 'worker.debug.hidden_size': invalid value for type, expected int"),
-    ("worker.debug.hidden_size=0", "config key 'worker.debug.hidden_size': 'hidden_size' must be > 0: 0"),
+    ("worker.debug.hidden_size=0", "config key 'worker.debug.hidden_size': 0 is not an integer >= 1"),
     ("worker.debg.hidden_size=32", "unknown config key 'worker.debg'; did you mean 'worker.debug'?"),
     ("worker.settings=3", "unknown config key 'worker.settings'"),
     ("actor.vanilla.x=1", "[actor.vanilla] is set, but the policy_loss 'vanilla' takes no settings"),

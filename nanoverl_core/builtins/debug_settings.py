@@ -3,16 +3,18 @@ checking a config stays fast)."""
 
 import attrs
 
-_positive = attrs.validators.gt(0)
+from ..config import at_least
+
+_count = at_least(1)
 
 
 @attrs.define
 class DebugModelSettings:
-    vocab_size: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    vocab_size: int = attrs.field(default=0, validator=at_least(0))
     """Vocabulary size (0: the size of its character tokenizer)."""
-    hidden_size: int = attrs.field(default=64, validator=_positive)
+    hidden_size: int = attrs.field(default=64, validator=_count)
     """Hidden size of its tiny transformer (a multiple of its 4 heads)."""
-    num_layers: int = attrs.field(default=2, validator=_positive)
+    num_layers: int = attrs.field(default=2, validator=_count)
     """Number of transformer blocks."""
 
 
@@ -25,10 +27,10 @@ class DebugRolloutSettings:
 
 @attrs.define
 class CopyTurnsSettings:
-    chars_per_turn: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    chars_per_turn: int = attrs.field(default=2, validator=at_least(0))
     """Characters of the target the model answers per turn (the last turn may take fewer); 0: the whole
     target every turn, `repeats` turns."""
-    repeats: int = attrs.field(default=2, validator=_positive)
+    repeats: int = attrs.field(default=2, validator=_count)
     """Turns of an episode with chars_per_turn = 0."""
     separator: str = "="
     """The environment's answer after each turn (text in the tokenizer's alphabet)."""

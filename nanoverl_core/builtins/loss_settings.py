@@ -7,8 +7,10 @@ GMPO, DPPO), otherwise verl's config defaults. The token ratio r = pi / pi_old; 
 
 import attrs
 
-_non_negative = attrs.validators.ge(0)
-_positive = attrs.validators.gt(0)
+from ..config import above, at_least, finite
+
+_non_negative = at_least(0)
+_positive = above(0)
 
 
 @attrs.define
@@ -40,9 +42,9 @@ class GeoMeanSettings:
 class ClipCovSettings:
     ratio: float = attrs.field(default=0.0002, validator=_positive)
     """Fraction of the micro-batch's valid tokens whose gradient is detached (at least one token)."""
-    lower_bound: float = 1.0
+    lower_bound: float = attrs.field(default=1.0, validator=finite())
     """Only tokens whose covariance (A - mean A)(log pi - mean log pi) is above this are candidates."""
-    upper_bound: float = 5.0
+    upper_bound: float = attrs.field(default=5.0, validator=finite())
     """... and below this."""
 
 
@@ -54,14 +56,14 @@ class KlCovSettings:
     """Weight of the |log r| penalty on those tokens (verl's ppo_kl_coef)."""
 
 
-def _required_positive(instance, attribute, value) -> None:
-    if value is None or value <= 0:
-        raise ValueError(f"'{attribute.name}' must be set to a number > 0 (it has no default): {value}")
+def _required(instance, attribute, value) -> None:
+    if value is None:
+        raise ValueError(f"'{attribute.name}' must be set to a number > 0 (it has no default)")
 
 
 @attrs.define
 class DroSettings:
-    beta: float | None = attrs.field(default=None, validator=_required_positive)
+    beta: float | None = attrs.field(default=None, validator=[_required, above(0, optional=True)])
     """Weight of the quadratic penalty 0.5 * beta * (log r)^2 that keeps the policy near the sampling one;
     required (verl has no default either)."""
 

@@ -38,6 +38,8 @@ from typing import Any
 
 import attrs
 
+from ..config import at_least
+
 FILE_NAME = "metrics.png"
 _VAL_SOURCE = re.compile(r"^val/(.+)/reward/mean$")  # val/<data_source>/reward/mean
 _PLOTTED = {"reward/mean", "val/reward/mean", "actor/entropy", "rollout/response_length/mean",
@@ -46,7 +48,7 @@ _PLOTTED = {"reward/mean", "val/reward/mean", "actor/entropy", "rollout/response
 
 @attrs.define
 class PlotSettings:
-    every_s: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
+    every_s: float = attrs.field(default=30.0, validator=at_least(0))
     """Redraw metrics.png after a step that ends this many seconds after the last draw (0: every
     step); validation steps and the end of the run redraw too."""
 

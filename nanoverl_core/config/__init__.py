@@ -13,7 +13,7 @@
 """
 
 from .components import COMPONENTS, component_settings
-from .domains import Number, PathKind, above, at_least, between, finite, folder, python_file
+from .domains import Number, OutOfDomain, PathKind, above, at_least, between, finite, folder, python_file
 from .load import apply_override, config_from_dict, load_config
 from .schema import (CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, RS_KL_OPTIONS, ActorConfig, AlgorithmConfig,
                      Config, CriticConfig, DataConfig, DType, EnvironmentConfig, KLEstimator, LoraConfig, LossAggMode,
@@ -25,6 +25,6 @@ __all__ = ["COMPONENTS", "CORRECTION_LEVELS", "KL_ESTIMATORS", "LOSS_AGG_MODES",
            "ActorConfig", "AlgorithmConfig", "Config", "CriticConfig", "DType", "DataConfig", "EnvironmentConfig",
            "KLEstimator", "LoraConfig", "LossAggMode", "ModelConfig", "OptimConfig", "ReferenceConfig", "RewardComponent",
            "RewardConfig", "RolloutConfig", "RolloutCorrectionConfig", "TrackingConfig", "TrainerConfig",
-           "WorkerConfig", "Number", "PathKind", "above", "at_least", "between", "finite", "folder", "python_file",
+           "WorkerConfig", "Number", "OutOfDomain", "PathKind", "above", "at_least", "between", "finite", "folder", "python_file",
            "apply_override", "component_settings", "config_from_dict", "drop_moved_keys",
            "load_config"]

@@ -19,6 +19,15 @@ from typing import Any
 import attrs
 
 
+class OutOfDomain(ValueError):
+    """A value outside its key's domain: "'lr' = nan is not a finite number >= 0" where the key is not
+    known (a settings object built in code); the config loader names the full key and shows `.detail`."""
+
+    def __init__(self, name: str, detail: str):
+        super().__init__(f"{name!r} = {detail}")
+        self.detail = detail
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
@@ -46,8 +55,8 @@ class Number:
         if value is None and self.optional:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not self.contains(value):
-            integer = attribute.type in (int, "int", int | None, "int | None")
-            raise ValueError(f"{value!r} is not {self.describe('an integer' if integer else 'a finite number')}")
+            kind = "an integer" if attribute.type in (int, "int", int | None, "int | None") else "a finite number"
+            raise OutOfDomain(attribute.name, f"{value!r} is not {self.describe(kind)}")
 
     def describe(self, kind: str = "a finite number") -> str:
         """"a finite number in [0, 1)", "an integer >= 1", ..."""
@@ -111,10 +120,10 @@ class PathKind:
         if path is None or not path.exists():
             return
         if self.kind == "folder" and not path.is_dir():
-            raise ValueError(f"{value!r} is a file, not a folder")
+            raise OutOfDomain(attribute.name, f"{value!r} is a file, not a folder")
         if self.kind == "python_file" and (not path.is_file() or path.suffix != ".py"):
             what = "a folder" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
-            raise ValueError(f"{value!r} is {what}, not a Python module (.py)")
+            raise OutOfDomain(attribute.name, f"{value!r} is {what}, not a Python module (.py)")
 
 
 python_file = PathKind("python_file")

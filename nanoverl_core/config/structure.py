@@ -13,6 +13,7 @@ import cattrs
 import cattrs.v
 
 from ..errors import ConfigError
+from .domains import OutOfDomain
 
 converter = cattrs.Converter(forbid_extra_keys=True)
 """The config's one converter: strict structuring hooks below; `Config.to_dict` unstructures with it."""
@@ -135,7 +136,7 @@ def check_fields(obj: Any, prefix: str = "") -> None:
             try:
                 field.validator(obj, field, value)
             except (ValueError, TypeError) as exc:  # attrs' own validators put the message first in args
-                message = exc.args[0] if exc.args else exc
+                message = exc.detail if isinstance(exc, OutOfDomain) else exc.args[0] if exc.args else exc
                 raise ConfigError(f"config key {prefix + field.name!r}: {message}; fix the value in the config "
                                   "or override") from None
         if attrs.has(type(value)):

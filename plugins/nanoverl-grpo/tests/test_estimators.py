@@ -183,7 +183,7 @@ def test_group_settings_are_read_from_the_config_table_and_validated():
                       registry=load_registry())
     assert cfg.algorithm.settings == GroupNormSettings(norm_by_std=False)
     assert load_registry().entry("advantage_estimator", "grpo").provider == "nanoverl-grpo"
-    with pytest.raises(ConfigError, match="config key 'algorithm.grpo.epsilon': 'epsilon' must be > 0"):
+    with pytest.raises(ConfigError, match="config key 'algorithm.grpo.epsilon': 0.0 is not a finite number > 0"):
         load_config(debug, ["algorithm.advantage_estimator=grpo", "algorithm.grpo.epsilon=0"], registry=load_registry())
     with pytest.raises(ConfigError, match="takes no settings"):
         load_config(debug, ["algorithm.advantage_estimator=rloo", "algorithm.rloo.epsilon=1"], registry=load_registry())

@@ -77,7 +77,7 @@ def test_dry_run_shows_the_settings_and_a_bad_one_exits_2_with_one_line(tmp_path
     proc = run_cli("--config", REINFORCE, "--dry-run", "algorithm.advantage_estimator=gdpo")
     assert json.loads(proc.stdout)["config"]["algorithm"]["gdpo"] == {"norm_by_std": True, "epsilon": 1e-6}
     bad = run_cli("--config", REINFORCE, "--dry-run", "algorithm.advantage_estimator=gdpo", "algorithm.gdpo.epsilon=-1")
-    assert_user_error(bad, "config key 'algorithm.gdpo.epsilon'", "must be > 0")
+    assert_user_error(bad, "config key 'algorithm.gdpo.epsilon'", "-1.0 is not a finite number > 0")
     bad = run_cli("--config", REINFORCE, "--dry-run", "algorithm.advantage_estimator=gpg", "algorithm.gpg.alpha=1")
     assert_user_error(bad, "takes no settings")
     # gdpo over components would drop what the overlong penalty adds to the score: refused before anything loads

@@ -96,7 +96,8 @@ def test_a_single_row_keeps_its_score():
     check(batch_mean_baseline(batch([2]), AlgorithmConfig()), [2.0], mask=MASK[[2]])
 
 
-@pytest.mark.parametrize("bad, needle", [("-0.1", "'group_weight' must be >= 0"), ("1.5", "'group_weight' must be <= 1"),
+@pytest.mark.parametrize("bad, needle", [("-0.1", "-0.1 is not a finite number in [0, 1]"),
+                                         ("1.5", "1.5 is not a finite number in [0, 1]"),
                                          ("half", "expected float"), ("true", "expected float")])
 def test_group_weight_outside_zero_one_is_a_config_error_naming_the_key(bad, needle):
     registry = load_registry()  # finds the plugin when it is pip-installed; from a checkout, register it here

@@ -5,12 +5,14 @@ Kept apart from the estimators (no torch import), so checking a config stays fas
 
 import attrs
 
+from nanoverl_core.config import above
+
 
 @attrs.define
 class GroupNormSettings:
     norm_by_std: bool = True
     """Divide by the group's std (verl: algorithm.norm_adv_by_std_in_grpo); false gives Dr. GRPO's advantage."""
-    epsilon: float = attrs.field(default=1e-6, validator=attrs.validators.gt(0))
+    epsilon: float = attrs.field(default=1e-6, validator=above(0))
     """Added to the group's std before dividing."""
 
 
@@ -18,5 +20,5 @@ class GroupNormSettings:
 class OptimalTokenBaselineSettings:
     handle_zero_tail: bool = True
     """Give the single longest response of a group baseline 0 past the second-longest one's end (verl's default)."""
-    epsilon: float = attrs.field(default=1e-8, validator=attrs.validators.gt(0))
+    epsilon: float = attrs.field(default=1e-8, validator=above(0))
     """Added to the sum of path weights before dividing."""

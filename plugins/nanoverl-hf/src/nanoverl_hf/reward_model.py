@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from nanoverl_core.config import DType
+from nanoverl_core.config import DType, at_least
 from nanoverl_core.errors import RewardError
 
 
@@ -41,15 +41,15 @@ def _not_empty(_instance, attribute, value):
 class RewardModelSettings:
     path: str = attrs.field(default="", validator=_not_empty)
     """A local folder holding an AutoModelForSequenceClassification (config, weights, tokenizer)."""
-    batch_size: int = attrs.field(default=8, validator=attrs.validators.gt(0))
+    batch_size: int = attrs.field(default=8, validator=at_least(1))
     """Pairs per forward pass (bounds the reward model's activation memory)."""
     device: str = "auto"
     """"auto" (this process's GPU, cuda:LOCAL_RANK under torchrun, when there is one; else cpu), "cpu", "cuda:N"."""
     dtype: DType = "float32"
     """Parameter dtype of the reward model."""
-    max_length: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
+    max_length: int = attrs.field(default=1024, validator=at_least(1))
     """Tokens per pair; longer pairs keep their end (the response) and lose the start of the prompt."""
-    label: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    label: int = attrs.field(default=0, validator=at_least(0))
     """Which logit is the score (0 for a num_labels=1 reward model)."""
     use_chat_template: bool = True
     """Render chat rows with the reward model's own chat template (prompt messages + the response)."""

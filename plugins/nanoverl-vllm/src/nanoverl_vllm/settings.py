@@ -2,6 +2,8 @@
 
 import attrs
 
+from nanoverl_core.config import between
+
 LORA_SYNC = ("merged", "adapter")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The `max_lora_rank` values vLLM 0.32 accepts (vllm.config.lora.MaxLoRARanks)."""
@@ -9,8 +11,7 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 @attrs.define
 class VLLMSettings:
-    gpu_memory_utilization: float = attrs.field(default=0.5, validator=[attrs.validators.gt(0),
-                                                                         attrs.validators.le(1)])
+    gpu_memory_utilization: float = attrs.field(default=0.5, validator=between(0, 1, low_open=True))
     """Fraction of accelerator memory the engine may take (weights + KV cache); ignored on CPU."""
     log_probs: bool = True
     """Return `rollout_log_probs`, vLLM's log-prob of each sampled token: the rollout-mismatch metrics
