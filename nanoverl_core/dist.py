@@ -87,6 +87,18 @@ def rank_rows(num_rows: int) -> tuple[list[int], int]:
     return rows + [num_rows - 1] * (share - real), real
 
 
+def gather_dicts(part: dict) -> dict:
+    """The union of every rank's `part` (keys disjoint: each rank's own rows), on every rank; one process:
+    `part`. For work split by `rank_rows` whose small, picklable results every rank needs (reward scores)."""
+    if not is_distributed():
+        return part
+    import torch.distributed as dist
+
+    parts: list = [None] * world_size()
+    dist.all_gather_object(parts, part)
+    return {key: value for each in parts for key, value in each.items()}
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, numpy's and torch's generators (torch's: the CPU and every CUDA device)."""
     import random

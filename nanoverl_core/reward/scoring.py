@@ -42,6 +42,7 @@ import torch
 
 from ..batch import RLBatch
 from ..config import RewardConfig
+from ..dist import gather_dicts, rank_rows
 from ..errors import RewardError
 from ..plugins import Registry
 from ..rollout import decode_responses
@@ -184,25 +185,32 @@ class RewardScorer:
 
     def score_components(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train",
                          step: int | None = None) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        """`score`, plus each component's own score (B, K) (0 for a failed call; K = 1 without components)."""
+        """`score`, plus each component's own score (B, K) (0 for a failed call; K = 1 without components).
+
+        Under torchrun each rank calls the rewards on its own share of the rows (`dist.rank_rows`; a
+        batched reward, such as a reward model, gets that share as its batch) and the outcomes are
+        gathered, so every rank combines the same outcomes into the same scores and metrics, and a
+        failure stops every rank alike, while the reward work is split N ways instead of done N times."""
         n, stop = len(response_texts), self.cfg.on_error == "raise"
         sources = batch.non_tensors.get("data_source") or ["default"] * n
         args = [(batch["prompt_text"][i], response_texts[i], batch["row"][i], sources[i]) for i in range(n)]
+        rows, real = rank_rows(n)
+        mine = rows[:real]
         outcomes: dict[tuple[int, int], tuple] = {}
         pooled = self._pooled()
         if pooled:
-            outcomes.update(self.pool().run([((i, c), c, args[i]) for c in pooled for i in range(n)], stop))
+            outcomes.update(self.pool().run([((i, c), c, args[i]) for c in pooled for i in mine], stop))
         for c in range(len(self.specs)):
             if c in pooled:
                 continue
             if self.styles[c] in ("batched", "trl"):
-                outcomes.update({(i, c): o for i, o in enumerate(self._batched(c, args))})
+                outcomes.update({(i, c): o for i, o in zip(mine, self._batched(c, [args[i] for i in mine]))})
                 continue
-            for i in range(n):
+            for i in mine:
                 outcomes[(i, c)] = self._in_process(c, args[i])
                 if stop and outcomes[(i, c)][0] != "ok":
                     break
-        return self._combine(batch, response_texts, outcomes, phase, step)
+        return self._combine(batch, response_texts, gather_dicts(outcomes), phase, step)
 
     def _combine(self, batch, texts, outcomes, phase, step) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         n, many = len(texts), len(self.specs) > 1
@@ -239,7 +247,7 @@ class RewardScorer:
         return torch.tensor(scores, dtype=torch.float32), metrics, torch.tensor(per_component, dtype=torch.float32).T
 
     def _append_errors(self, records: list[dict]) -> None:
-        """Append records to reward_errors.jsonl (rank 0 only: every rank scores the whole batch)."""
+        """Append records to reward_errors.jsonl (rank 0 only: every rank holds every row's outcome)."""
         from ..dist import is_rank0
 
         if self.errors_path is None or not is_rank0():

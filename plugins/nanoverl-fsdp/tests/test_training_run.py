@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, ROOT, env, read_metrics, run, torchrun
+from conftest import EXAMPLE, HERE, ROOT, env, read_metrics, run, torchrun
 
 from nanoverl_core.testing import check_same_run
 
@@ -62,11 +62,14 @@ def runs(tmp_path_factory, testkit_site):
     one, two = tmp / "one", tmp / "two"
     val = tmp / "val.jsonl"                                           # 8 of the 64 validation prompts: faster
     val.write_text("".join((ROOT / "examples/data/tiny_copy/val.jsonl").read_text().splitlines(True)[:8]))
-    args = [*ARGS, f"data.val_files=[{val}]"]
+    # the reward logs which process scored which row (in the trainer process: reward.workers=0)
+    args = [*ARGS, f"data.val_files=[{val}]", f"reward.file={HERE / 'logged_reward.py'}", "reward.workers=0"]
+    plugin["NANOVERL_TEST_SCORE_LOG"] = str(tmp / "scored_one.log")
     start = time.perf_counter()
     # the hf side's updates run every row whole, as FSDP's training passes do (its log-prob passes share prompts)
     run([sys.executable, "-m", "nanoverl_core.cli", *args, "worker.name=hf", "actor.share_prompts=false",
          f"trainer.output_dir={one}"], timeout=150, **plugin)
+    plugin["NANOVERL_TEST_SCORE_LOG"] = str(tmp / "scored_two.log")
     one_s = time.perf_counter() - start
 
     cmd = torchrun(2, "-m", "nanoverl_core.cli", *args, f"trainer.output_dir={two}")
@@ -83,7 +86,7 @@ def runs(tmp_path_factory, testkit_site):
     killed_at = max(read_metrics(two))
     start = time.perf_counter()
     resumed = run(cmd, timeout=150, **plugin)
-    return {"one": one, "two": two, "killed_at": killed_at, "resumed": resumed,
+    return {"one": one, "two": two, "killed_at": killed_at, "resumed": resumed, "scored": tmp,
             "one_s": one_s, "resume_s": time.perf_counter() - start}
 
 
@@ -105,6 +108,28 @@ def test_two_rank_metrics_and_samples_equal_the_one_process_hf_run(runs):
     one = read_metrics(runs["one"])
     assert check_same_run(runs["one"], runs["two"], atol=ATOL, rtol=RTOL) > 40 and "val/reward/mean" in one[STEPS]
     assert one[STEPS]["actor/grad_norm"] > 0 and one[1]["reward/mean"] != one[STEPS]["reward/mean"]
+
+
+def test_each_rank_scores_its_own_half_of_the_rows_and_the_scores_equal_one_process(runs):
+    """Under torchrun each rank calls the reward on its share of the rows only (once every rank scored the
+    whole batch: N ranks, N times the reward work); the gathered scores are the one process's (reward/mean
+    at every step, checked with every metric by the test above)."""
+    def calls_per_process(log: str) -> dict[str, list[str]]:
+        by_pid: dict[str, list[str]] = {}
+        for line in (runs["scored"] / log).read_text().splitlines():
+            pid, _, prompt = line.partition(" ")
+            by_pid.setdefault(pid, []).append(prompt)
+        return by_pid
+
+    one = calls_per_process("scored_one.log")
+    (one_pid,) = one                                   # one process: every call
+    launches = list(calls_per_process("scored_two.log").values())
+    assert len(launches) == 4                          # 2 ranks x (killed launch, resumed launch)
+    rank0, rank1 = launches[2:]                        # the resumed launch ran to the end
+    assert len(rank0) == len(rank1) > 0                # half each: 16-row batches, 8-row validation
+    steps_after_resume = STEPS - 2                     # the resumed launch scored steps 3-4 and the final val
+    assert len(rank0) + len(rank1) == steps_after_resume * 16 + 8
+    assert len(one[one_pid]) == STEPS * 16 + 8
 
 
 def test_run_directory_exports_to_a_transformers_folder(runs):
