@@ -221,8 +221,10 @@ class RewardFn(Protocol):
 
     Optional attributes:
       * ``batched``: True for ``fn(prompts, responses, samples) -> list[float | dict]``, one value per
-        row: called once per step with every row, in the trainer process, never in the reward workers
-        and without a timeout (a reward model loaded once).
+        row: called once per step with every row (under torchrun: with this rank's share), in a worker
+        process of its own (one for all batched rewards, so a reward model is loaded once and kept),
+        timed out after reward.timeout_s per row; a crash or hang fails that call's rows and a fresh
+        worker takes the next step. With reward.workers = 0 it runs in the trainer process.
     """
 
     def __call__(self, prompt: str, response: str, sample: dict, **settings: Any) -> float | dict: ...

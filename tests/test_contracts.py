@@ -213,6 +213,7 @@ NOT_CONTRACTS = {
     "max_position_embeddings", "num_key_value_heads", "chat_template", "batch_decode",
     # vLLM, MLflow and Python objects
     "ensure_alive", "error_code", "_metric_objs", "strerror", "__module__", "__qualname__",
+    "_validators",  # attrs' and_ validator (a list of validators on a field), searched for a declared domain
     # nanoverl's own objects read defensively (Trainer.rollout before it is built, a partial Config)
     "rollout", "trainer", "total_steps",
 }

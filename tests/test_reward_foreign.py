@@ -91,11 +91,13 @@ def test_a_trl_reward_function_is_called_once_per_batch_with_columns_as_lists(tm
     rows = [{"prompt": "12=", "target": "12"}, {"prompt": chat, "target": "12"}, {"prompt": "7=", "target": "7"},
             {"prompt": "8=", "target": "8", "data_source": "skip"}]
     scorer = _scorer(tmp_path, TRL_REWARD, function="reward_len_and_answer", workers=2)
-    assert scorer.styles == ["trl"] and scorer.in_trainer == [True]
+    assert scorer.styles == ["trl"] and scorer.in_trainer == [False]
     scores, metrics = scorer.score(_batch(rows), ["12", "12", "8", "8"])
     # a chat prompt's completion arrives as [{"role": "assistant", ...}]; None (TRL: not applicable) adds 0
     assert scores.tolist() == [1.0, 1.5, 0.0, 0.0] and metrics["reward/errors"] == 0
-    assert scorer._pool is None  # batched: no worker process was started
+    # batched: one call in the batch pool's one worker process; the per-row pool was never started
+    assert scorer._pool is None and len(scorer._batch_pool.workers) == 1
+    scorer.close()
 
 
 def test_a_trl_reward_returning_the_wrong_length_is_an_error(tmp_path):

@@ -8,13 +8,15 @@ and validation counts its failed calls.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import EXAMPLES, assert_user_error, read_metrics, run_cli
+from conftest import EXAMPLES, assert_user_error, cli_env, read_metrics, run_cli
 
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
 BASE = ["trainer.progress=none", "trainer.save_every=1", "data.shuffle=false", "rollout.n=2",
@@ -177,3 +179,56 @@ def test_workers_0_scores_in_process_like_the_pool(tmp_path):
     (s0, m0), (s3, m3) = results
     assert s0.tolist() == s3.tolist() == [0.25, 0.5, 0.75, 1.0, 0.0, 0.5]
     assert m0 == m3 and m0["reward/i"] == pytest.approx(2.5)
+
+
+# ---- batched rewards (a reward model, TRL's functions) in their own worker process ---------------------------
+BATCHED_FAULTY = '''
+import os, signal, time
+
+
+def compute_score(prompts, responses, samples):
+    faults = {sample.get("fault", "") for sample in samples}
+    if "hang" in faults:
+        while True:
+            time.sleep(0.01)
+    if "segv" in faults:     # the reward model's process dies in the middle of a batch
+        os.kill(os.getpid(), signal.SIGKILL)
+    with open(os.environ["NANOVERL_TEST_PIDS"], "a") as log:
+        log.write(f"{os.getpid()} {os.getppid()}\\n")
+    return [1.0] * len(prompts)
+
+
+compute_score.batched = True
+'''
+
+
+@pytest.mark.parametrize("fault", ["segv", "hang"])
+def test_a_batched_reward_that_dies_or_hangs_costs_its_step_not_the_run(tmp_path, fault):
+    """A batched reward runs in its own worker process: one killed (SIGKILL) or hung (past
+    reward.timeout_s per row) mid-batch fails that step's rows (counted, written), a fresh worker scores
+    the next step; with on_error = "raise" the run stops with one line and its newest checkpoint intact."""
+    reward = tmp_path / "batched.py"
+    reward.write_text(BATCHED_FAULTY)
+    pids = tmp_path / "pids.log"
+    train = rows_file(tmp_path / "train.jsonl", ["", "", fault, ""])        # step 2's batch holds the fault
+    run_dir = tmp_path / "run"
+    args = ["--config", REINFORCE, *BASE, "reward.timeout_s=1", "trainer.total_steps=3", "data.val_files=[]",
+            "data.batch_size=2", f"data.train_files=[{train}]", f"reward.file={reward}", f"trainer.output_dir={run_dir}"]
+    env = cli_env(NANOVERL_TEST_PIDS=str(pids))
+    proc = run_cli(*args, "reward.on_error=zero", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    assert [m["reward/errors"] for m in metrics] == [0, 4, 0]                # the whole batch: 2 prompts x 2
+    kind = {"segv": "reward/crashes", "hang": "reward/timeouts"}[fault]
+    assert [m[kind] for m in metrics] == [0, 4, 0] and metrics[2]["reward/mean"] == 1.0
+    written = error_rows(run_dir)
+    assert len(written) == 4 and all("the batched call of 4 rows" in r["message"] for r in written)
+    assert {"segv": "killed by SIGKILL", "hang": "timed out after 4s"}[fault] in written[0]["message"]
+    steps_1_and_3 = [line.split() for line in pids.read_text().splitlines()]
+    assert len(steps_1_and_3) == 2 and steps_1_and_3[0][0] != steps_1_and_3[1][0]  # a fresh worker after the failure
+    assert all(parent != str(os.getpid()) for _, parent in steps_1_and_3)        # a child of the trainer, not the trainer
+
+    shutil.rmtree(run_dir)
+    proc = run_cli(*args, "reward.on_error=raise", env=env, timeout=300)
+    assert_user_error(proc, "on data row 2", "the batched call of 4 rows", "reward.on_error=zero")
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_000001"]

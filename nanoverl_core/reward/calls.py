@@ -212,3 +212,36 @@ def call_checked(fn: Callable, style: str, spec: ComponentSpec, prompt: str, res
     except BaseException as exc:  # SystemExit from a reward is its error too; KeyboardInterrupt is ignored here
         raise CallError("raised", f"raised {type(exc).__name__}: {exc}") from None
     return check_result(out, allow_bool=style == "verl")
+
+
+BATCHED_STYLES = ("batched", "trl")
+"""Call styles that take the whole batch in one call (lists in, a list out)."""
+
+
+def call_batched(fn: Callable, style: str, spec: ComponentSpec, calls: list[tuple], prompt_key: str) -> list[tuple]:
+    """A batched reward's outcomes ("ok", score, extra) | (kind, message, None) for every row of `calls`
+    ((prompt, response, row, data_source) each), from one call with lists, in the current process."""
+    prompts, responses, rows, _ = (list(x) for x in zip(*calls))
+    trl = style == "trl"
+    try:
+        if trl:
+            out = fn(**accepted(fn, trl_arguments(responses, rows, prompt_key)))
+        else:
+            out = fn(prompts, responses, rows, **({"settings": spec.settings} if spec.settings is not None else {}))
+    except MemoryError:
+        return [("memory", "ran out of memory (MemoryError)", None)] * len(calls)
+    except RewardError as exc:
+        return [("raised", str(exc), None)] * len(calls)
+    except Exception as exc:
+        return [("raised", f"raised {type(exc).__name__}: {exc}", None)] * len(calls)
+    if not isinstance(out, (list, tuple)) or len(out) != len(calls):
+        got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
+        return [("invalid", f"a batched reward returned {got} for {len(calls)} rows", None)] * len(calls)
+    outcomes = []
+    for value in out:
+        try:
+            none = trl and value is None  # TRL: this reward does not apply to the row; it adds 0
+            outcomes.append(("ok", 0.0, {}) if none else ("ok", *check_result(value, allow_bool=trl)))
+        except CallError as exc:
+            outcomes.append((exc.kind, exc.message, None))
+    return outcomes

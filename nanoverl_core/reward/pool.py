@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import RewardError
 from ..processes import death, guard, kill, spawn
-from .calls import CallError, ComponentSpec, call_checked, call_style, load_function
+from .calls import BATCHED_STYLES, CallError, ComponentSpec, call_batched, call_checked, call_style, load_function
 
 START_TIMEOUT_S = 120.0
 """How long a worker may take to import the reward before the pool gives up."""
@@ -44,7 +44,7 @@ def _serve(fd: int, parent: int) -> int:
     """Load the rewards named by the first message, then answer (key, component, call args) items."""
     guard(parent)
     conn = Connection(fd)
-    specs, memory_limit_mb = conn.recv()
+    specs, memory_limit_mb, prompt_key = conn.recv()
     try:
         if memory_limit_mb:
             import resource
@@ -67,21 +67,25 @@ def _serve(fd: int, parent: int) -> int:
             return 0
         for key, c, args in chunk:
             try:
-                result = ("ok", *call_checked(fns[c], styles[c], specs[c], *args))
+                if styles[c] in BATCHED_STYLES:  # args: the batch's calls; the outcome: one per row
+                    result = ("ok", call_batched(fns[c], styles[c], specs[c], args, prompt_key), None)
+                else:
+                    result = ("ok", *call_checked(fns[c], styles[c], specs[c], *args))
             except CallError as exc:
                 result = (exc.kind, exc.message, None)
             except MemoryError:
                 result = ("memory", "ran out of memory (MemoryError)", None)
             conn.send((key, *result))
-            if result[0] == "memory":  # the heap may hold the leak: let the parent start a fresh worker
+            if result[0] == "memory" or result[0] == "ok" and styles[c] in BATCHED_STYLES and any(
+                    row[0] == "memory" for row in result[1]):  # the heap may hold the leak: start a fresh worker
                 return 0
 
 
 # ---- the pool (in the trainer) ---------------------------------------------------------------------------
 class _Worker:
-    def __init__(self, specs: list[ComponentSpec], memory_limit_mb: int):
+    def __init__(self, specs: list[ComponentSpec], memory_limit_mb: int, prompt_key: str):
         self.proc, self.conn = spawn("nanoverl_core.reward.pool")
-        self.conn.send((specs, memory_limit_mb))
+        self.conn.send((specs, memory_limit_mb, prompt_key))
         self.ready = False
         self.started = time.monotonic()
         self.queue: deque = deque()
@@ -101,14 +105,17 @@ class _Worker:
 class RewardPool:
     """`size` worker processes; `run` scores a list of calls and returns their outcomes by key."""
 
-    def __init__(self, specs: list[ComponentSpec], size: int, timeout_s: float = 0.0, memory_limit_mb: int = 0):
+    def __init__(self, specs: list[ComponentSpec], size: int, timeout_s: float = 0.0, memory_limit_mb: int = 0,
+                 prompt_key: str = "prompt"):
         self.specs, self.size, self.timeout_s, self.memory_limit_mb = specs, size, timeout_s, memory_limit_mb
+        self.prompt_key = prompt_key
+        """The data column TRL-style rewards get as `prompts`."""
         self.workers: list[_Worker] = []
         weakref.finalize(self, _kill_all, self.workers)  # a pool never closed still leaves no process behind
 
     def _fill(self) -> None:
         while len(self.workers) < self.size:
-            self.workers.append(_Worker(self.specs, self.memory_limit_mb))
+            self.workers.append(_Worker(self.specs, self.memory_limit_mb, self.prompt_key))
 
     def _retire(self, worker: _Worker) -> None:
         worker.kill()
@@ -140,16 +147,20 @@ class RewardPool:
                 if w.conn.poll():
                     self._started(w)
 
-    def run(self, calls: list[tuple[Any, int, tuple]], stop_on_error: bool = False) -> dict[Any, tuple]:
-        """Outcomes {key: ("ok", score, extra) | (kind, message, None)} of (key, component, args) calls.
-        `stop_on_error`: return at the first failure (the other workers are killed)."""
+    def run(self, calls: list[tuple[Any, int, tuple]], stop_on_error: bool = False,
+            timeout_s: float | None = None) -> dict[Any, tuple]:
+        """Outcomes {key: ("ok", score, extra) | (kind, message, None)} of (key, component, args) calls; for a
+        batched component, args is the batch's list of calls and the outcome ("ok", [outcome per row], None).
+        `stop_on_error`: return at the first failure (the other workers are killed). `timeout_s`: this
+        run's limit per call instead of the pool's."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
         pending, results = deque(calls), {}
         chunk_size = max(1, min(64, len(calls) // (4 * self.size)))
         while pending or any(w.queue for w in self.workers):
             self._fill()  # replaces the workers retired in the last round
             now = time.monotonic()
             self._dispatch(pending, chunk_size, now)
-            deadlines = [w.since + self.timeout_s - now for w in self.workers if w.queue and self.timeout_s]
+            deadlines = [w.since + limit - now for w in self.workers if w.queue and limit]
             deadlines += [w.started + START_TIMEOUT_S - now for w in self.workers if not w.ready]
             ready = wait([w.conn for w in self.workers], timeout=max(0.0, min(deadlines)) if deadlines else None)
             for w in [w for w in self.workers if w.conn in ready]:
@@ -181,9 +192,11 @@ class RewardPool:
                     self.close()
                     raise RewardError(f"a reward worker process did not start within {START_TIMEOUT_S:.0f} s; "
                                       "check the reward's import, or set reward.workers=0")
-                if w.ready and w.queue and self.timeout_s and now - w.since > self.timeout_s:
+                if w.ready and w.queue and limit and now - w.since > limit:
                     key = w.queue[0]
-                    results[key] = ("timeout", f"timed out after reward.timeout_s={self.timeout_s:g}s", None)
+                    message = f"timed out after reward.timeout_s={self.timeout_s:g}s" if timeout_s is None else \
+                        f"timed out after {limit:g}s (reward.timeout_s={self.timeout_s:g}s per row)"
+                    results[key] = ("timeout", message, None)
                     self._requeue(w, pending, skip=key)
                     self._retire(w)
                     if stop_on_error:

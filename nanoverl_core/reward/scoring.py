@@ -46,8 +46,8 @@ from ..dist import gather_dicts, rank_rows
 from ..errors import RewardError
 from ..plugins import Registry
 from ..rollout import decode_responses
-from .calls import (CallError, ComponentSpec, accepted, call_checked, call_style, check_result, check_signature,
-                    importable_ref, load_function, trl_arguments)
+from .calls import (BATCHED_STYLES, CallError, ComponentSpec, call_batched, call_checked, call_style, check_signature,
+                    importable_ref, load_function)
 from .pool import RewardPool
 
 
@@ -107,24 +107,45 @@ class RewardScorer:
         self.styles = [call_style(fn) for fn in self.fns]
         for fn, style, spec in zip(self.fns, self.styles, self.specs):
             check_signature(fn, style, spec.where)
-        self.in_trainer = [style in ("batched", "trl") or cfg.workers == 0 or not (spec.file or spec.ref)
-                           for spec, style in zip(self.specs, self.styles)]
-        """Components called in this process: batched ones (TRL's too), all with reward.workers = 0, and functions a
-        worker cannot import (registered in code as a closure or from __main__)."""
+        self.in_trainer = [cfg.workers == 0 or not (spec.file or spec.ref) for spec in self.specs]
+        """Components called in this process: all with reward.workers = 0, and functions a worker cannot import
+        (registered in code as a closure or from __main__). The others run in worker processes: per-row
+        rewards in the pool of reward.workers, batched ones (a reward model, TRL's) in a pool of one, so a
+        model is loaded once, and a crash or a hang costs that step's call, not the run."""
         self.label = self.specs[0].where if len(self.specs) == 1 else "+".join(s.label for s in self.specs)
         self.errors_path = Path(run_dir) / "reward_errors.jsonl" if run_dir is not None else None
         """Where failed calls are written; None writes nothing (`nanoverl-train eval`)."""
         self._pool: RewardPool | None = None
+        self._batch_pool: RewardPool | None = None
 
     # ---- calls ------------------------------------------------------------------------------------------
     def _pooled(self) -> list[int]:
         return [c for c, here in enumerate(self.in_trainer) if not here]
 
     def pool(self) -> RewardPool:
-        """The worker processes, started on first use (so --dry-run and eval of a batched reward start none)."""
+        """The worker processes of per-row rewards, started on first use (so --dry-run starts none)."""
         if self._pool is None:
-            self._pool = RewardPool(self.specs, self.cfg.workers, self.cfg.timeout_s, self.cfg.memory_limit_mb)
+            self._pool = RewardPool(self.specs, self.cfg.workers, self.cfg.timeout_s, self.cfg.memory_limit_mb,
+                                    self.prompt_key)
         return self._pool
+
+    def batch_pool(self) -> RewardPool:
+        """The one worker process of batched rewards: one call a step, the model loaded once and kept."""
+        if self._batch_pool is None:
+            self._batch_pool = RewardPool(self.specs, 1, self.cfg.timeout_s, self.cfg.memory_limit_mb, self.prompt_key)
+        return self._batch_pool
+
+    def _run_batched(self, components: list[int], args: list[tuple], rows: list[int], stop: bool) -> dict:
+        """Outcomes by (row, component) of batched components, one call each in the batch worker, whose time
+        limit is reward.timeout_s per row; a call that crashes or times out fails each of its rows."""
+        ran = self.batch_pool().run([(c, c, [args[i] for i in rows]) for c in components], stop,
+                                    timeout_s=self.cfg.timeout_s * len(rows))
+        outcomes = {}
+        for c, (kind, value, _) in ran.items():
+            failed = (kind, f"{value} (the batched call of {len(rows)} rows)", None)
+            each = value if kind == "ok" else [failed] * len(rows)
+            outcomes.update({(i, c): o for i, o in zip(rows, each)})
+        return outcomes
 
     def _in_process(self, c: int, args: tuple) -> tuple:
         """One call in this process; the timeout is SIGALRM, so it holds only in the main thread."""
@@ -143,36 +164,12 @@ class RewardScorer:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
 
-    def _batched(self, c: int, calls: list[tuple]) -> list[tuple]:
-        """A batched reward's outcomes for every row, from one call with lists."""
-        prompts, responses, rows, _ = (list(x) for x in zip(*calls))
-        fn, spec, trl = self.fns[c], self.specs[c], self.styles[c] == "trl"
-        try:
-            if trl:
-                out = fn(**accepted(fn, trl_arguments(responses, rows, self.prompt_key)))
-            else:
-                out = fn(prompts, responses, rows, **({"settings": spec.settings} if spec.settings is not None else {}))
-        except RewardError as exc:
-            return [("raised", str(exc), None)] * len(calls)
-        except Exception as exc:
-            return [("raised", f"raised {type(exc).__name__}: {exc}", None)] * len(calls)
-        if not isinstance(out, (list, tuple)) or len(out) != len(calls):
-            got = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
-            return [("invalid", f"a batched reward returned {got} for {len(calls)} rows", None)] * len(calls)
-        outcomes = []
-        for value in out:
-            try:
-                none = trl and value is None  # TRL: this reward does not apply to the row; it adds 0
-                outcomes.append(("ok", 0.0, {}) if none else ("ok", *check_result(value, allow_bool=trl)))
-            except CallError as exc:
-                outcomes.append((exc.kind, exc.message, None))
-        return outcomes
-
     def close(self) -> None:
         """Stop the worker processes (they restart on the next call)."""
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        for pool in (self._pool, self._batch_pool):
+            if pool is not None:
+                pool.close()
+        self._pool = self._batch_pool = None
 
     # ---- scoring ----------------------------------------------------------------------------------------
     def score(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train",
@@ -198,13 +195,19 @@ class RewardScorer:
         mine = rows[:real]
         outcomes: dict[tuple[int, int], tuple] = {}
         pooled = self._pooled()
-        if pooled:
-            outcomes.update(self.pool().run([((i, c), c, args[i]) for c in pooled for i in mine], stop))
+        per_row = [c for c in pooled if self.styles[c] not in BATCHED_STYLES]
+        batched = [c for c in pooled if self.styles[c] in BATCHED_STYLES]
+        if per_row:
+            outcomes.update(self.pool().run([((i, c), c, args[i]) for c in per_row for i in mine], stop))
+        if batched and mine:
+            outcomes.update(self._run_batched(batched, args, mine, stop))
         for c in range(len(self.specs)):
             if c in pooled:
                 continue
-            if self.styles[c] in ("batched", "trl"):
-                outcomes.update({(i, c): o for i, o in zip(mine, self._batched(c, [args[i] for i in mine]))})
+            if self.styles[c] in BATCHED_STYLES:
+                calls = [args[i] for i in mine]
+                outcomes.update(zip([(i, c) for i in mine], call_batched(self.fns[c], self.styles[c], self.specs[c],
+                                                                         calls, self.prompt_key)))
                 continue
             for i in mine:
                 outcomes[(i, c)] = self._in_process(c, args[i])

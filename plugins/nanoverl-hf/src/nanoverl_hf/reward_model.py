@@ -7,8 +7,9 @@ a chat template, the pair is the conversation plus the response as the assistant
 *reward model's* template; otherwise it is the prompt as the policy saw it followed by the response.
 
 It is a *batched* reward (`reward_model.batched = True`): the runtime calls it once per step with
-every row, in the trainer process, so the model is loaded once (on first use, then kept) and runs in
-batches of `batch_size` on `device`. Configure it as
+every row, in the one worker process of batched rewards (in the trainer with reward.workers = 0), so
+the model is loaded once (on first use, then kept) and runs in batches of `batch_size` on `device`; a
+crash or a hang there costs that step's scores, not the run. Configure it as
 
     [reward]
     name = "reward_model"
