@@ -103,11 +103,14 @@ into the math session's venv only (--no-deps), so no other session sees it."""
 
 @nox.session(python="3.11")
 def math(session):
-    """nanoverl-math with math-verify (and hf, grpo for the GSM8K configs and the gsm8k scorer): the math_verify
-X
+    """nanoverl-math with math-verify: the math_verify reward and scripts/compare_scorers.py against gsm8k.
+
+    hf and grpo come too (the GSM8K configs, the gsm8k scorer); the tests pin the reward's numbers and settings,
+    through the entry point, the reward pool and the CLI."""
     _setup(session, "hf", "grpo", "math")
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", *MATH_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-math/tests")
+    _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [reward.math_verify]'s keys
 
 
 @nox.session(python="3.11")
