@@ -1,12 +1,19 @@
 """Score dumped model responses with the hand-written `gsm8k` reward and with `math_verify`; print where they disagree.
 
-    python scripts/compare_scorers.py SAMPLES.jsonl [SAMPLES.jsonl ...] [--examples N] [--gold-format latex|expr]
+    python scripts/compare_scorers.py DUMP.jsonl [DUMP.jsonl ...] [--data DATA_FILE ...] [--examples N] \
+        [--gold-format latex|expr]
 
-Each input line is one response, as `nanoverl-train eval --config FILE --samples SAMPLES.jsonl` writes them
-(add `--checkpoint DIR` for a trained policy): "response", and the data row under "row" (GSM8K's and the
-arithmetic task's rows hold the gold answer in reward_model.ground_truth); a line without "row" is taken as
-the row itself (its reward_model.ground_truth, ground_truth, target or answer). A training run's
-rollouts/step_<N>.jsonl hold no ground truth, so they cannot be scored here: run eval on its checkpoints.
+Each input line is one response. `nanoverl-train eval --config FILE --samples DUMP.jsonl` (add
+`--checkpoint DIR` for a trained policy) writes "response" with the data row under "row" (GSM8K's and
+the arithmetic task's rows hold the gold answer in reward_model.ground_truth); a line without "row" is
+the row itself when it has a ground truth (reward_model.ground_truth, ground_truth, target or answer).
+A training run's rollouts/step_<N>.jsonl hold the rendered "prompt" and the "response" but no ground
+truth: with `--data` (the run's data files, jsonl / json / parquet) each such line gets the data row whose
+prompt text (a chat prompt's last user message) its prompt contains, the one found last in it (so a
+few-shot example earlier in the prompt does not count). For example, on the arithmetic run's dumps:
+
+    python scripts/compare_scorers.py runs/smollm2_arithmetic/rollouts/*.jsonl \
+        --data examples/data/arithmetic/train.jsonl examples/data/arithmetic/val.jsonl
 
 Both rewards come from the installed plugins by name, as the trainer calls them: `gsm8k` (nanoverl-hf) and
 `math_verify` (nanoverl-math, default settings but `gold_format`); a response is correct for a scorer when
@@ -74,6 +81,34 @@ def read_rows(paths: list[Path]) -> list[dict]:
     return rows
 
 
+def prompt_text(row: dict) -> str:
+    """A data row's prompt as a dump's rendered prompt contains it: the text, or a chat's last user message."""
+    prompt = row.get("prompt")
+    if isinstance(prompt, list):
+        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        prompt = users[-1] if users else None
+    return prompt if isinstance(prompt, str) else ""
+
+
+def attach_rows(dump: list[dict], data: list[dict]) -> list[dict]:
+    """Each dump line without "row" and without a ground truth of its own, with "row": the data row whose prompt
+    text its "prompt" contains, the one starting last (then the longest); lines that match none are left as they are."""
+    texts = [(prompt_text(row), row) for row in data]
+    texts = [(text, row) for text, row in texts if text]
+    found: dict[str, dict | None] = {}
+    out = []
+    for item in dump:
+        if "row" in item or _gold(item) is not None:
+            out.append(item)
+            continue
+        prompt = str(item.get("prompt", ""))
+        if prompt not in found:
+            hits = [(prompt.rfind(text), len(text), i) for i, (text, _) in enumerate(texts) if text in prompt]
+            found[prompt] = texts[max(hits)[2]][1] if hits else None
+        out.append({**item, "row": found[prompt]} if found[prompt] is not None else item)
+    return out
+
+
 def compare(rows: list[dict], examples: int = 3, gold_format: str = "latex") -> dict:
     """The report (see the module docstring) of `rows`, each {"response", "row" or the row's own fields}."""
     registry = load_registry()
@@ -124,8 +159,10 @@ def _gold(sample: dict) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("samples", nargs="+", type=Path, metavar="SAMPLES.jsonl",
-                   help="what `nanoverl-train eval --samples` wrote")
+    p.add_argument("samples", nargs="+", type=Path, metavar="DUMP.jsonl",
+                   help="what `nanoverl-train eval --samples` wrote, or a run's rollouts/step_<N>.jsonl (with --data)")
+    p.add_argument("--data", nargs="+", default=[], metavar="DATA_FILE",
+                   help="the data files, for dump lines without a ground truth (a run's rollouts/step_<N>.jsonl)")
     p.add_argument("--examples", type=int, default=3, help="examples per disagreement class (default 3)")
     p.add_argument("--gold-format", choices=("latex", "expr"), default="latex",
                    help="[reward.math_verify] gold_format (default latex)")
@@ -134,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.samples:
             if not path.is_file():
                 raise UserError(f"{path} does not exist; give the jsonl that `nanoverl-train eval --samples` wrote")
-        report = compare(read_rows(args.samples), args.examples, args.gold_format)
+        rows = read_rows(args.samples)
+        if args.data:
+            from nanoverl_core.data import read_rows as read_data
+            rows = attach_rows(rows, [{k: v for k, v in row.items() if not k.startswith("__")}
+                                      for row in read_data(args.data, "--data")])
+        report = compare(rows, args.examples, args.gold_format)
     except UserError as exc:  # one line, exit 2, as nanoverl-train
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

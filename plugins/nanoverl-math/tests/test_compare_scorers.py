@@ -80,3 +80,28 @@ def test_usage_errors_exit_2_with_one_line(tmp_path):
     proc = run(str(bad))
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {bad}:1 has no \"response\" text")
     assert "Traceback" not in proc.stderr
+
+
+def test_rollout_dumps_get_their_data_row_from_the_prompt_they_contain(tmp_path):
+    """A run's rollouts/step_<N>.jsonl rows (rendered prompt, response, no ground truth) are matched to the data
+    row whose last user message their prompt contains, the one found last (a few-shot example earlier is not it)."""
+    data = tmp_path / "data.jsonl"
+    rows = [{"data_source": "arithmetic_add", "prompt": [{"role": "user", "content": f"What is {a} + {b}?"}],
+             "reward_model": {"ground_truth": str(a + b)}} for a, b in ((2, 3), (4, 4), (9, 1))]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    template = "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n5<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    dump = tmp_path / "step_1.jsonl"
+    lines = [(template.format("What is 4 + 4?"), "4 + 4 = 8"), (template.format("What is 9 + 1?"), "9 + 1"),
+             (template.format("What is 9 + 1?"), "It is 9 + 1 = 11"),
+             ("user: What is 7 + 7?", "14")]                             # in no data row: no ground truth, an error
+    dump.write_text("".join(json.dumps({"uid": "u", "prompt": q, "response": r, "score": 0.0, "advantage": 0.0}) + "\n"
+                            for q, r in lines))
+    proc = run(str(dump), "--data", str(data))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert (report["rows"], report["errors"]) == (4, 1)
+    assert report["verdicts"] == {"both_correct": 1, "both_wrong": 1, "gsm8k_only": 0, "math_verify_only": 1}
+    (echo,) = report["classes"]                                          # math_verify evaluates the restated question
+    assert echo["class"] == "math_verify_only: expression with an operator"
+    assert echo["examples"] == [{"ground_truth": "10", "gsm8k_answer": "1", "math_verify_answer": "9 + 1",
+                                 "response_end": "9 + 1"}]
