@@ -19,6 +19,7 @@ import torch
 
 from ..config import Config, config_from_dict, drop_moved_keys
 from ..data import load_prompts
+from ..dist import is_rank0
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
 from .checkpoint import find_checkpoint, reading_checkpoint
@@ -53,7 +54,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
                             tools=prompt_tools(plugins))
         rows: list[dict] | None = [] if samples is not None else None
         results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data, rows)
-        if samples is not None:
+        if samples is not None and is_rank0():  # every rank scores every sample; one writes them
             samples.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
     finally:
         rollout.close()

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,47 @@ def test_the_reward_scores_in_a_thread_where_math_verify_signals_would_raise():
     thread.start()
     thread.join()
     assert out == [{"score": 1.0, "answer_found": 1.0}]
+
+
+SLOW = "\\boxed{(x+1)^{10000}}"
+"""An answer whose comparison with "3" runs for minutes in sympy (measured: over 60 s) without a timeout."""
+
+
+def test_math_verify_own_timeout_bounds_a_slow_comparison_in_the_main_thread():
+    start = time.monotonic()
+    assert math_verify("", SLOW, row("3"), MathVerifySettings(timeout_s=1)) == {"score": 0.0, "answer_found": 1.0}
+    assert time.monotonic() - start < 10
+
+
+def score_batch(responses: list[str], golds: list[str], *overrides: str) -> tuple[list[float], dict, float]:
+    """(scores, metrics, seconds) of the configured math_verify over the responses, as the trainer scores them."""
+    registry = load_registry()
+    cfg = load_config(CONFIGS / "debug_reinforce.toml", ["reward.name=math_verify", "reward.on_error=zero", *overrides],
+                      registry=registry)
+    batch = RLBatch({"x": torch.zeros(len(golds))}, {"row": [row(g) for g in golds], "prompt_text": ["q"] * len(golds),
+                                                     "index": list(range(len(golds)))})
+    scorer = RewardScorer(cfg.reward, registry)
+    start = time.monotonic()
+    try:
+        scores, metrics = scorer.score(batch, responses)
+    finally:
+        scorer.close()
+    return scores.tolist(), metrics, time.monotonic() - start
+
+
+def test_in_a_worker_process_math_verify_own_timeout_holds():
+    scores, metrics, seconds = score_batch([SLOW, "\\boxed{3}"], ["3", "3"], "reward.workers=1",
+                                           "reward.math_verify.timeout_s=1")
+    assert scores == [0.0, 1.0] and metrics["reward/errors"] == 0.0 and seconds < 60
+
+
+def test_in_the_trainer_under_reward_timeout_s_the_alarm_is_nanoverls_not_math_verifys():
+    """reward.workers = 0 with reward.timeout_s = 2: nanoverl's SIGALRM is armed around the call, so math_verify
+    passes None to math-verify (whose alarm(5) would replace it and alarm(0) cancel it); the slow call is
+    nanoverl's timeout, counted, and the next call scores normally."""
+    scores, metrics, seconds = score_batch([SLOW, "\\boxed{3}"], ["3", "3"], "reward.workers=0", "reward.timeout_s=2")
+    assert scores == [0.0, 1.0] and metrics["reward/timeouts"] == 1.0 and metrics["reward/errors"] == 1.0
+    assert seconds < 4.5                                     # 2 s, not math-verify's 5 s
 
 
 # ---- the real entry point, pool and CLI ------------------------------------------------------------------
