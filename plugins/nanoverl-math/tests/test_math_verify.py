@@ -233,6 +233,7 @@ def test_the_gsm8k_configs_select_math_verify_with_one_override(config):
     ("reward.math_verify.gold_format=tex", "gold_format"),
     ("reward.math_verify.ground_truth_key=reward_model..ground_truth", "ground_truth_key"),
     ("reward.math_verify.correctt=1", "correct"),
+    ("reward.math_verify.wrong=nan", "wrong"),
 ])
 def test_a_bad_setting_exits_2_with_one_error_line(override, needle):
     line = one_error_line(run_cli("--config", str(CONFIGS / "debug_reinforce.toml"), "--dry-run",

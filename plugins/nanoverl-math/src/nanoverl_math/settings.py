@@ -10,6 +10,8 @@ from typing import Literal
 
 import attrs
 
+from nanoverl_core.config import at_least, finite
+
 
 def _dotted_path(_instance, attribute, value: str) -> None:
     if value and any(not part for part in value.split(".")):
@@ -27,13 +29,13 @@ class MathVerifySettings:
     """How the gold answer is parsed: "latex" (as verl's math_verify scorer: wrapped in \\boxed{} unless it
     holds one or a $, then read with LatexExtractionConfig: "\\frac{1}{2}", "1,000", "72") or "expr" (a plain
     expression with ExprExtractionConfig: "1/2", "0.5"). The response is always read with both."""
-    correct: float = 1.0
+    correct: float = attrs.field(default=1.0, validator=finite())
     """The score when the response's answer equals the gold answer."""
-    wrong: float = 0.0
+    wrong: float = attrs.field(default=0.0, validator=finite())
     """The score when the response has an answer and it differs from the gold one."""
-    no_answer: float = 0.0
+    no_answer: float = attrs.field(default=0.0, validator=finite())
     """The score when math-verify finds no answer in the response at all (reward/answer_found counts these)."""
-    timeout_s: int = attrs.field(default=5, validator=attrs.validators.ge(0))
+    timeout_s: int = attrs.field(default=5, validator=at_least(0))
     """math-verify's own time limit in whole seconds for each parse and each comparison (SIGALRM; 0: none).
     Used only where a signal can work: the main thread of a process with no other alarm armed (a reward
     worker process; the trainer with reward.workers = 0 and reward.timeout_s = 0); elsewhere it is off and
