@@ -26,7 +26,7 @@ DEPS = ROOT / ".nox" / "_deps"
 DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors", "datasets>=3.0", "numpy",
              "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "matplotlib>=3.7", "mlflow>=2.16", "pytest>=8",
              "pytest-timeout", "hypothesis>=6.100", "playwright>=1.40", "setuptools>=68", "wheel"]
-PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo")}
+PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "TOKENIZERS_PARALLELISM": "false"}
 """OMP_NUM_THREADS: the caller's, else 1 (torch's intra-op threads; the suite passes with 1 or 2, which round
@@ -94,6 +94,23 @@ def hf_lora(session):
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", *LORA_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-hf/tests/test_lora.py")
     _pytest(session, "plugins/nanoverl-fsdp/tests/test_lora.py")
+
+
+MATH_DEPS = ["math-verify==0.9.0", "latex2sympy2_extended==1.11.0", "antlr4-python3-runtime==4.13.2"]
+"""nanoverl-math's math-verify and what it needs beyond the shared deps (sympy comes with torch), installed
+into the math session's venv only (--no-deps), so no other session sees it."""
+
+
+@nox.session(python="3.11")
+def math(session):
+    """nanoverl-math with math-verify: the math_verify reward and scripts/compare_scorers.py against gsm8k.
+
+    hf and grpo come too (the GSM8K configs, the gsm8k scorer); the tests pin the reward's numbers and settings,
+    through the entry point, the reward pool and the CLI."""
+    _setup(session, "hf", "grpo", "math")
+    session.run("python", "-m", "pip", "install", "-q", "--no-deps", *MATH_DEPS, env=ENV)
+    _pytest(session, "plugins/nanoverl-math/tests")
+    _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [reward.math_verify]'s keys
 
 
 @nox.session(python="3.11")

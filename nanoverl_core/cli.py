@@ -3,7 +3,7 @@
     nanoverl-train [--config FILE] [section.key=value ...]     (no --config: the defaults plus the overrides)
     nanoverl-train [--config FILE] --dry-run [overrides]
     nanoverl-train plugins [--json]
-    nanoverl-train eval [--config FILE] [--checkpoint DIR] [--json] [overrides]
+    nanoverl-train eval [--config FILE] [--checkpoint DIR] [--json] [--samples FILE.jsonl] [overrides]
     nanoverl-train export RUN_DIR_OR_CHECKPOINT OUT_DIR
 
 Exit status: 0 success; 2 a user error (one `error:` line on stderr, no traceback); anything else is a bug.
@@ -84,18 +84,20 @@ def cmd_train(argv: list[str]) -> int:
 
 def cmd_eval(argv: list[str]) -> int:
     p = _Parser(prog="nanoverl-train eval", description="Evaluate the base model or a checkpoint on the config's "
-                "validation data with its rollout (greedy, and sampled with rollout.val_n samples); writes nothing.")
+                "validation data with its rollout (greedy, and sampled with rollout.val_n samples); writes nothing to the run.")
     p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--checkpoint", type=Path, help="a checkpoints/step_<N> folder (step_400 finds step_000400, also "
                    "in trainer.output_dir's checkpoints) or a run directory (its newest)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--samples", type=Path, metavar="FILE.jsonl", help="also write every scored sample (decoding, "
+                   "prompt, response, score, the data row with its ground truth) to this jsonl file")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args = p.parse_args(argv)
     registry = load_registry()
     config = load_config(args.config, args.overrides, registry=registry)
     from .trainer.commands import run_eval
     from .trainer.validation import format_eval
-    report = run_eval(config, registry, args.checkpoint)
+    report = run_eval(config, registry, args.checkpoint, args.samples)
     print(json.dumps(report, indent=2) if args.json else format_eval(report))
     return 0
 

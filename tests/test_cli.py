@@ -82,3 +82,32 @@ def test_help_lists_the_commands():
     proc = run_cli("--help")
     assert proc.returncode == 0 and "plugins" in proc.stdout
     assert str(ROOT)  # run from the repo root like a user
+
+
+def test_eval_samples_writes_every_scored_sample_with_its_data_row(tmp_path):
+    """`eval --samples FILE.jsonl`: one line per scored sample (greedy: one a prompt; sampled: rollout.val_n a
+    prompt) with the data row it came from, whose scores are the report's means and char_match's own values."""
+    from nanoverl_core.builtins.rewards import char_match
+
+    val = tmp_path / "val.jsonl"
+    rows = [{"prompt": f"{p}=", "target": p, "data_source": src} for p, src in (("123", "a"), ("456", "b"), ("789", "a"))]
+    val.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "samples.jsonl"
+    args = ["eval", "--config", str(EXAMPLES / "debug_reinforce.toml"), "--json", "--samples", str(out),
+            f"data.val_files=[{val}]", "rollout.val_n=2", "reward.workers=0"]
+    proc = run_cli(*args, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)["results"]
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(s["decoding"], s["index"]) for s in written] == [("greedy", i) for i in range(3)] + \
+        [("T=1", i) for i in (0, 0, 1, 1, 2, 2)]
+    for s in written:
+        assert list(s) == ["decoding", "index", "data_source", "prompt", "response", "score", "row"]
+        assert s["row"] == rows[s["index"]] and s["data_source"] == rows[s["index"]]["data_source"]
+        assert s["prompt"] == rows[s["index"]]["prompt"]
+        assert s["score"] == pytest.approx(char_match(s["prompt"], s["response"], s["row"]))
+    for decoding, metrics in report.items():
+        scores = [s["score"] for s in written if s["decoding"] == decoding]
+        assert metrics["reward/mean"] == pytest.approx(sum(scores) / len(scores))
+    missing = run_cli(*args[:5], str(tmp_path / "nowhere" / "samples.jsonl"), *args[6:], timeout=300)
+    assert_user_error(missing, "--samples", "does not exist")

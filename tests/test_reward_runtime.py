@@ -168,6 +168,19 @@ def test_the_timeout_holds_off_the_main_thread(tmp_path):
     assert metrics["reward/timeouts"] == 1 and metrics["reward/errors"] == 1
 
 
+def test_with_workers_0_a_timeout_is_a_timeout_even_inside_except_exception(tmp_path):
+    """In the trainer (reward.workers = 0) the timeout is SIGALRM raised into the call: a reward that catches
+    Exception around its work (math-verify does) still times out, counted as one, and the next row scores."""
+    source = ("def compute_score(prompt, response, sample):\n    try:\n        while sample['i'] == 1:\n"
+              "            pass\n    except Exception:\n        return 0.75\n    return 0.5\n")
+    scorer = _scorer(tmp_path, source, workers=0, timeout_s=0.5, on_error="zero")
+    scores, metrics = scorer.score(_batch(3), ["a", "b", "c"])
+    assert scores.tolist() == [0.5, 0.0, 0.5]
+    assert metrics["reward/timeouts"] == 1 and metrics["reward/errors"] == 1
+    (written,) = error_rows(tmp_path / "run")
+    assert written["kind"] == "timeout" and written["message"] == "timed out after reward.timeout_s=0.5s"
+
+
 def test_workers_0_scores_in_process_like_the_pool(tmp_path):
     source = "def compute_score(prompt, response, sample):\n    return {'score': len(response) / 4, 'i': sample['i']}\n"
     texts = ["a", "bb", "ccc", "dddd", "", "ee"]

@@ -56,6 +56,12 @@ class ComponentSpec:
         return f"{self.file}:{self.function}" if self.file else self.name
 
 
+class CallTimeout(BaseException):
+    """Raised into a call the trainer runs itself (reward.workers = 0) when reward.timeout_s is up (SIGALRM).
+    A BaseException, so that a reward's own `except Exception` (math-verify has one around each comparison)
+    cannot swallow it and turn the timeout into a score."""
+
+
 class CallError(Exception):
     """One failed reward call: kind is raised / invalid / memory / timeout / crash."""
 
@@ -203,7 +209,7 @@ def call_checked(fn: Callable, style: str, spec: ComponentSpec, prompt: str, res
             out = fn(prompt, response, sample, settings=spec.settings)
         else:
             out = fn(prompt, response, sample)
-    except CallError:
+    except (CallError, CallTimeout):
         raise
     except MemoryError:
         raise CallError("memory", "ran out of memory (MemoryError)") from None

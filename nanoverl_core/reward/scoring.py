@@ -46,8 +46,8 @@ from ..dist import gather_dicts, rank_rows
 from ..errors import RewardError
 from ..plugins import Registry
 from ..rollout import decode_responses
-from .calls import (BATCHED_STYLES, CallError, ComponentSpec, call_batched, call_checked, call_style, check_signature,
-                    importable_ref, load_function)
+from .calls import (BATCHED_STYLES, CallError, CallTimeout, ComponentSpec, call_batched, call_checked, call_style,
+                    check_signature, importable_ref, load_function)
 from .pool import RewardPool
 
 
@@ -75,12 +75,8 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, facto
     return torch.clamp(-exceed / buffer_len * factor, max=0.0)
 
 
-class _Timeout(Exception):
-    pass
-
-
 def _alarm(_signum, _frame):
-    raise _Timeout
+    raise CallTimeout
 
 
 class RewardScorer:
@@ -157,7 +153,7 @@ class RewardScorer:
             return ("ok", *call_checked(self.fns[c], self.styles[c], self.specs[c], *args))
         except CallError as exc:
             return (exc.kind, exc.message, None)
-        except _Timeout:
+        except CallTimeout:
             return ("timeout", f"timed out after reward.timeout_s={self.cfg.timeout_s:g}s", None)
         finally:
             if timed:

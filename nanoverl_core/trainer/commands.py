@@ -19,6 +19,7 @@ import torch
 
 from ..config import Config, config_from_dict, drop_moved_keys
 from ..data import load_prompts
+from ..dist import is_rank0
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
 from .checkpoint import find_checkpoint, reading_checkpoint
@@ -26,10 +27,16 @@ from .resolve import build_rollout, prompt_tools, resolve_plugins
 from .validation import eval_decodings
 
 
-def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None) -> dict[str, Any]:
-    """{"model", "checkpoint", "prompts", "results": {decoding: metrics}} for the base model or `checkpoint`."""
+def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
+             samples: Path | None = None) -> dict[str, Any]:
+    """{"model", "checkpoint", "prompts", "results": {decoding: metrics}} for the base model or `checkpoint`.
+    With `samples`, every scored sample also goes to that jsonl file, one object a line: decoding, index,
+    data_source, prompt, response, score and the data row (its ground truth), for scripts/compare_scorers.py."""
     if not config.data.val_files:
         raise ConfigError("data.val_files is empty; eval scores the config's validation prompts, name at least one file")
+    if samples is not None and not samples.parent.is_dir():
+        raise ConfigError(f"--samples {samples}: the folder {samples.parent} does not exist; create it or name "
+                          "another file")
     ckpt = find_checkpoint(checkpoint, "--checkpoint", config.trainer.output_dir) if checkpoint is not None else None
     plugins = resolve_plugins(config, registry)
     plugins["reward"].errors_path = None  # eval writes nothing: failed reward calls are only counted
@@ -45,7 +52,10 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None)
             rollout.sync_weights(workers.actor)
         data = load_prompts(config.data.val_files, config.data, workers.tokenizer, "data.val_files",
                             tools=prompt_tools(plugins))
-        results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data)
+        rows: list[dict] | None = [] if samples is not None else None
+        results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data, rows)
+        if samples is not None and is_rank0():  # every rank scores every sample; one writes them
+            samples.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
     finally:
         rollout.close()
         plugins["reward"].close()

@@ -39,13 +39,15 @@ def pass_ks(n: int) -> list[int]:
 
 @torch.no_grad()
 def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n: int,
-             seed: int, step: int | None = None) -> tuple[dict[str, float], list[dict]]:
+             seed: int, step: int | None = None, keep: int = 16) -> tuple[dict[str, float], list[dict]]:
     """mean@n, best@n, pass@k and per-data-source means of `scorer` over every prompt of `data`, n samples each.
 
     Returns ({"reward/mean", f"reward/best@{n}", f"reward/pass@{k}" for k in pass_ks(n) (a sample passes
     with a score >= reward.pass_threshold), "reward/errors", "reward/timeouts", "reward/crashes" (failed
     reward calls, summed), "<source>/reward/mean" (when there are sources), and for multi-turn episodes
-    the episode/... metrics of training (turns, tool calls, ...) over all samples}, up to 16 sample rows).
+    the episode/... metrics of training (turns, tool calls, ...) over all samples}, the first `keep` sample
+    rows: prompt, response, score (keep = -1: every sample, each also with its data row's index, data source
+    and the row itself, what `nanoverl-train eval --samples` writes)).
     Runs under a forked RNG seeded from `seed` (the CPU's and every CUDA device's, since re-seeding
     seeds them all), so it leaves the caller's random stream untouched.
     """
@@ -74,9 +76,12 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             bests += per_prompt.max(1).values.tolist()
             for source, score in zip(batch["data_source"], scores.tolist()):
                 by_source[source].append(score)
-            samples += [{"prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i]),
-                         **({"episode": batch["episode"][i]} if "episode" in batch else {})}
-                        for i in range(min(16 - len(samples), len(batch)))]
+            every = keep < 0
+            samples += [{**({"index": batch["index"][i], "data_source": batch["data_source"][i]} if every else {}),
+                         "prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i]),
+                         **({"episode": batch["episode"][i]} if "episode" in batch else {}),
+                         **({"row": batch["row"][i]} if every else {})}
+                        for i in range(len(batch) if every else min(keep - len(samples), len(batch)))]
     metrics = {"reward/mean": sum(means) / len(means), f"reward/best@{n}": sum(bests) / len(bests), **failures}
     metrics.update({key: value if key == "episode/errors" else value / len(means) / n for key, value in episodes.items()})
     metrics.update({f"reward/pass@{k}": sum(pass_at_k(n, c, k) for c in passed) / len(passed) for k in pass_ks(n)})
@@ -95,14 +100,22 @@ def validate(trainer) -> dict[str, float]:
     return {f"val/{key}": value for key, value in metrics.items()}
 
 
-def eval_decodings(config, rollout, tokenizer, scorer, data) -> dict[str, dict[str, float]]:
+def eval_decodings(config, rollout, tokenizer, scorer, data,
+                   samples: list[dict] | None = None) -> dict[str, dict[str, float]]:
     """{"greedy": metrics, "T=<temperature>": metrics}: greedy with one sample per prompt, and sampled at
-    rollout.temperature / top_p / top_k with rollout.val_n samples per prompt; each metrics dict has "n"."""
+    rollout.temperature / top_p / top_k with rollout.val_n samples per prompt; each metrics dict has "n".
+    With a list `samples`, every scored sample is appended to it, with its "decoding" (evaluate's keep = -1)."""
     r = config.rollout
     runs = {"greedy": (SamplingParams(r.max_new_tokens, temperature=0.0), 1),
             f"T={r.temperature:g}": (SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k), r.val_n)}
-    return {name: evaluate(config, rollout, tokenizer, scorer, data, params, n, config.trainer.seed)[0] | {"n": float(n)}
-            for name, (params, n) in runs.items()}
+    results = {}
+    for name, (params, n) in runs.items():
+        metrics, rows = evaluate(config, rollout, tokenizer, scorer, data, params, n, config.trainer.seed,
+                                 keep=16 if samples is None else -1)
+        results[name] = metrics | {"n": float(n)}
+        if samples is not None:
+            samples += [{"decoding": name, **row} for row in rows]
+    return results
 
 
 def format_eval(report: dict[str, Any]) -> str:
