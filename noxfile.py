@@ -26,7 +26,7 @@ DEPS = ROOT / ".nox" / "_deps"
 DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors", "datasets>=3.0", "numpy",
              "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "matplotlib>=3.7", "mlflow>=2.16", "pytest>=8",
              "pytest-timeout", "playwright>=1.40", "setuptools>=68", "wheel"]
-PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo")}
+PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "tensorboard", "wandb")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "TOKENIZERS_PARALLELISM": "false"}
 """OMP_NUM_THREADS: the caller's, else 1 (torch's intra-op threads; the suite passes with 1 or 2, which round
@@ -94,6 +94,30 @@ def hf_lora(session):
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", *LORA_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-hf/tests/test_lora.py")
     _pytest(session, "plugins/nanoverl-fsdp/tests/test_lora.py")
+
+
+TENSORBOARD_DEPS = ["tensorboard>=2.14"]
+WANDB_DEPS = ["wandb>=0.31"]
+"""The trackers' libraries (wandb >= 0.31 for `wandb leet inspect`, the reader the tests check the .wandb files
+with): installed into each tracker's session venv only, so no other session sees them."""
+
+
+@nox.session(python="3.11")
+def tensorboard(session):
+    """nanoverl-tensorboard: each step once in the event files after a kill and resume, read by TensorBoard's
+    reader; the scalars page of a real `tensorboard` server in headless Chromium."""
+    _setup(session, "tensorboard")
+    session.run("python", "-m", "pip", "install", "-q", *TENSORBOARD_DEPS, env=ENV)
+    _pytest(session, "plugins/nanoverl-tensorboard/tests")
+
+
+@nox.session(python="3.11")
+def wandb(session):
+    """nanoverl-wandb offline: each step once across the .wandb files of a killed and a resumed process (one W&B
+    run), read by W&B's own reader; exit codes; the wandb-core service ends with the run."""
+    _setup(session, "wandb")
+    session.run("python", "-m", "pip", "install", "-q", *WANDB_DEPS, env=ENV)
+    _pytest(session, "plugins/nanoverl-wandb/tests")
 
 
 @nox.session(python="3.11")

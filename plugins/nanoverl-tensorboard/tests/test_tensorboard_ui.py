@@ -65,7 +65,7 @@ def tensorboard_server(tmp_path):
         while time.monotonic() < deadline:
             assert procs[-1].poll() is None, (tmp_path / "tensorboard.log").read_text()
             try:
-                with urllib.request.urlopen(f"{url}/data/runs", timeout=5) as answer:
+                with urllib.request.urlopen(f"{url}/data/runs", timeout=5):
                     return url
             except OSError:
                 time.sleep(0.2)

@@ -90,8 +90,11 @@ class WandbTracker:
                             "online logging run `wandb login` first, or set [tracking.wandb] mode = \"offline\", "
                             "or remove \"wandb\" from tracking.trackers") from None
         self.run_id = run_id
-        if getattr(self.run, "starting_step", 0):  # online: the server's next step after what it holds
-            self._logged_before = max(self._logged_before, self.run.starting_step - 1)
+        try:
+            starting_step = int(self.run.starting_step)  # online: the step after what the server holds
+        except (AttributeError, TypeError, ValueError):    # a disabled run has none
+            starting_step = 0
+        self._logged_before = max(self._logged_before, starting_step - 1)
         verb = "continuing" if state is not None and state.get("run_id") else "logging"
         after = f" after step {self._logged_before}" if self._logged_before >= 0 else ""
         print(f"wandb: nanoverl {verb} run {self.run.name!r} ({run_id}){after}, mode {self.mode}, "
