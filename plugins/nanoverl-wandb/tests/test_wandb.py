@@ -245,3 +245,38 @@ def test_without_the_wandb_package_choosing_the_tracker_names_the_install(tmp_pa
                    "tracking.trackers=[console,wandb]", env=cli_env(PYTHONPATH=str(blocker.parent)))
     assert_user_error(proc, "tracker 'wandb' from nanoverl-wandb cannot be imported", "No module named 'wandb'",
                       'pip install "nanoverl[wandb]"', "plugins/nanoverl-wandb")
+
+
+def test_a_checkpoint_returns_once_its_steps_are_in_the_wandb_file_and_a_resume_drops_them(tmp_path, monkeypatch):
+    """state_dict() (the trainer calls it to write a checkpoint) waits for wandb-core, which writes the .wandb
+    file asynchronously: a kill right after the checkpoint must not lose the steps it covers."""
+    from nanoverl_core import load_config, load_registry
+    from nanoverl_wandb.tracker import last_step_in, make_tracker
+
+    for key in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR", "WANDB_RUN_ID", "WANDB_RESUME"):
+        monkeypatch.delenv(key, raising=False)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = load_config(REINFORCE, [f"trainer.output_dir={run_dir}", "tracking.trackers=[wandb]",
+                                     "tracking.wandb.project=barrier"], registry=load_registry())
+    tracker = make_tracker(config, run_dir, None)
+    try:
+        for step in (1, 2, 3):
+            tracker.log_metrics({"reward/mean": step / 10, "note": "not a number"}, step)
+        state = tracker.state_dict()
+        first = Path(tracker.run.settings.sync_file)
+        assert last_step_in(first) == 3     # on disk when the checkpoint would be written, not seconds later
+    finally:
+        tracker.close(True)
+    resumed = make_tracker(config, run_dir, state)  # as if the checkpoint were at step 1: steps 2, 3 replay
+    try:
+        for step in (2, 3, 4):
+            resumed.log_metrics({"reward/mean": step}, step)
+        second = Path(resumed.run.settings.sync_file)
+    finally:
+        resumed.close(False)
+    assert state == {"run_id": resumed.run_id} and second != first
+    assert sorted(history(records(first.parent))) == [1, 2, 3]
+    later = records(second.parent)
+    assert {step: row["reward/mean"] for step, row in history(later).items()} == {4: 4}
+    assert exit_code(later) == 1

@@ -82,7 +82,7 @@ class WandbTracker:
                 project=settings.project or os.environ.get("WANDB_PROJECT") or "nanoverl",
                 entity=settings.entity or None, name=settings.name or self.run_dir.name,
                 group=settings.group or None, tags=settings.tags or None, mode=self.mode,
-                dir=str(self.run_dir), id=run_id, resume="allow",
+                dir=str(self.run_dir), id=run_id, resume="allow", settings=_wandb_settings(),
                 config={**run_config["config"],
                         "nanoverl": {"plugins": run_config["plugins"], "run_dir": str(self.run_dir)}})
         except Exception as exc:
@@ -215,6 +215,20 @@ def read_records(path: Path) -> Iterator[bytes]:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
+LOG_FLUSH_S = 1.0
+"""How often wandb-core writes the run's .wandb file (its default, 15 s, would make every checkpoint wait up to
+15 s for its steps, and a kill lose up to 15 s of steps that the resumed run then logs again)."""
+
+
+def _wandb_settings() -> wandb.Settings:
+    """wandb.Settings with LOG_FLUSH_S where this wandb version has the (private) setting, else the defaults."""
+    try:
+        known = "x_transaction_log_flush_interval" in wandb.Settings.model_fields
+    except AttributeError:  # not a pydantic model
+        known = False
+    return wandb.Settings(x_transaction_log_flush_interval=LOG_FLUSH_S) if known else wandb.Settings()
+
+
 def _read_run_config(run_dir: Path, config: Config) -> dict:
     """run_dir/config.json as the trainer wrote it ({"config", "plugins"}), else built from ``config``."""
     try:
