@@ -27,6 +27,13 @@ WALL_CLOCK = ("timing/", "throughput/")
 """Metrics that differ between a step and its replay after a resume (everything else is exact)."""
 
 
+@pytest.fixture(autouse=True)
+def _wandb_home(tmp_path, monkeypatch):
+    """wandb's cache, staging (tables) and settings folders in the test's tmp folder, not the user's home."""
+    for key in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.setenv(key, str(tmp_path / "wandb-home" / key.lower()))
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", **extra}
@@ -280,3 +287,14 @@ def test_a_checkpoint_returns_once_its_steps_are_in_the_wandb_file_and_a_resume_
     later = records(second.parent)
     assert {step: row["reward/mean"] for step, row in history(later).items()} == {4: 4}
     assert exit_code(later) == 1
+
+
+def test_online_without_a_login_exits_2_with_one_line_before_training(tmp_path):
+    """$WANDB_MODE is followed when [tracking.wandb] mode is empty; no API key (a fresh HOME, none in the
+    environment) stops the run before any model loads."""
+    env = cli_env(WANDB_MODE="online", HOME=str(tmp_path / "home"))
+    env.pop("WANDB_API_KEY", None)
+    proc = run_cli("--config", REINFORCE, *SHORT, "trainer.total_steps=2", f"trainer.output_dir={tmp_path / 'run'}",
+                   "tracking.trackers=[console,wandb]", env=env)
+    assert_user_error(proc, "wandb could not start run", "mode 'online'", "wandb login", 'mode = "offline"')
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "checkpoints").exists()
