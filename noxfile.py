@@ -104,8 +104,9 @@ with): installed into each tracker's session venv only, so no other session sees
 
 @nox.session(python="3.11")
 def tensorboard(session):
-    """nanoverl-tensorboard: each step once in the event files after a kill and resume, read by TensorBoard's
-    reader; the scalars page of a real `tensorboard` server in headless Chromium."""
+    """nanoverl-tensorboard with tensorboard: event files read back after a kill and resume; the scalars page.
+
+    Each step once, read by TensorBoard's own reader; a real `tensorboard` server's page in headless Chromium."""
     _setup(session, "tensorboard")
     session.run("python", "-m", "pip", "install", "-q", *TENSORBOARD_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-tensorboard/tests")
@@ -113,8 +114,10 @@ def tensorboard(session):
 
 @nox.session(python="3.11")
 def wandb(session):
-    """nanoverl-wandb offline: each step once across the .wandb files of a killed and a resumed process (one W&B
-    run), read by W&B's own reader; exit codes; the wandb-core service ends with the run."""
+    """nanoverl-wandb with wandb, offline: the .wandb files read back after a kill and resume; exit codes.
+
+    Each step once across the killed and the resumed process's files (one W&B run), read by W&B's own reader;
+    the wandb-core service ends with the run."""
     _setup(session, "wandb")
     session.run("python", "-m", "pip", "install", "-q", *WANDB_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-wandb/tests")
