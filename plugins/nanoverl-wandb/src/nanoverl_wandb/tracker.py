@@ -72,6 +72,7 @@ class WandbTracker:
         self.run_dir = run_dir.resolve()
         self.max_sample_rows = settings.max_sample_rows
         self._last_step = -1
+        self._written, self._read_to = -1, 0  # this process's .wandb file: highest step in it, offset read to
         self._tables: dict[int, dict[str, Any]] = {}  # step -> {"samples/<name>": wandb.Table} not yet logged
         self.mode = settings.mode or os.environ.get("WANDB_MODE", "") or "offline"
         run_id = (state or {}).get("run_id") or secrets.token_hex(4)  # W&B's own ids are 8 [a-z0-9]
@@ -134,24 +135,27 @@ class WandbTracker:
         return {"run_id": self.run_id}
 
     def close(self, success: bool) -> None:
-        for step in sorted(self._tables):
-            self.run.log(self._tables.pop(step), step=step)
         try:
+            for step in sorted(self._tables):
+                self.run.log(self._tables.pop(step), step=step)
             self.run.finish(exit_code=0 if success else 1)
         finally:
             wandb.teardown()  # ends the wandb-core service process this run started
 
-
     def _wait_written(self, step: int) -> None:
+        """Poll this process's .wandb file, reading on from where the last poll stopped."""
         path = Path(self.run.settings.sync_file)
         deadline = time.monotonic() + self.write_timeout_s
-        while last_step_in(path) < step:
+        while True:
+            self._written, self._read_to = last_step_in(path, self._read_to, self._written)
+            if self._written >= step:
+                return
             if time.monotonic() > deadline:
                 print(f"warning: wandb: step {step} is not in {path} after {self.write_timeout_s:.0f} s; if the "
                       "run is killed now, W&B may miss steps up to this checkpoint (metrics.jsonl has them)",
                       file=sys.stderr, flush=True)
                 return
-            time.sleep(0.02)
+            time.sleep(0.05)
 
 
 # ---- reading back what a run already logged ----------------------------------------------------------------
@@ -164,13 +168,14 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 def last_logged_step(wandb_dir: Path, run_id: str) -> int:
     """The highest history step in this run's ``.wandb`` files under ``wandb_dir`` (-1: none). A file cut
     short by a kill is read up to its last complete record."""
-    return max((last_step_in(path) for path in wandb_dir.glob(f"*run-*-{run_id}/run-{run_id}.wandb")), default=-1)
+    paths = wandb_dir.glob(f"*run-*-{run_id}/run-{run_id}.wandb")
+    return max((last_step_in(path)[0] for path in paths), default=-1)
 
 
-def last_step_in(path: Path) -> int:
-    """The highest history step in one ``.wandb`` file (-1: none)."""
-    last = -1
-    for data in read_records(path):
+def last_step_in(path: Path, start: int = 0, last: int = -1) -> tuple[int, int]:
+    """(the highest history step in one ``.wandb`` file, or ``last`` if higher; the offset after its last
+    complete record). Pass that offset back as ``start`` to read only what was written since."""
+    for data, start in read_records(path, start):
         record = wandb_internal_pb2.Record()
         try:
             record.ParseFromString(data)
@@ -178,40 +183,45 @@ def last_step_in(path: Path) -> int:
             break
         if record.WhichOneof("record_type") == "history":
             last = max(last, record.history.step.num)
-    return last
+    return last, start
 
 
-def read_records(path: Path) -> Iterator[bytes]:
-    """The records of a W&B transaction log: the LevelDB log format (32 KiB blocks of checksummed chunks)
-    after a 7-byte W&B header, as ``wandb.sdk.internal.datastore`` read it before wandb-core took over.
-    Stops at the first incomplete or corrupt chunk."""
+def read_records(path: Path, start: int = 0) -> Iterator[tuple[bytes, int]]:
+    """(record, the file offset after it) for each record of a W&B transaction log from ``start`` (0, or an
+    offset this function yielded): the LevelDB log format (32 KiB blocks of checksummed chunks) after a
+    7-byte W&B header, as ``wandb.sdk.internal.datastore`` read it before wandb-core took over. Stops at
+    the first incomplete or corrupt chunk (a file still being written, or cut short by a kill)."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as file:
+            header = file.read(_FILE_HEADER.size)
+            start = max(start, _FILE_HEADER.size)
+            file.seek(start)
+            data = file.read()
     except OSError:
         return
-    if len(data) < _FILE_HEADER.size or _FILE_HEADER.unpack_from(data)[0] != b":W&B":
+    if len(header) < _FILE_HEADER.size or _FILE_HEADER.unpack(header)[0] != b":W&B":
         return
-    pos, pending = _FILE_HEADER.size, b""
+    pos, pending = start, b""                      # pos: the absolute offset; data begins at `start`
     while True:
         if _BLOCK - pos % _BLOCK < _RECORD_HEADER.size:  # a block's tail too short for a header is padding
             pos += _BLOCK - pos % _BLOCK
-        if pos + _RECORD_HEADER.size > len(data):
+        if pos + _RECORD_HEADER.size > start + len(data):
             return
-        crc, length, kind = _RECORD_HEADER.unpack_from(data, pos)
-        start = pos + _RECORD_HEADER.size
-        chunk = data[start:start + length]
+        crc, length, kind = _RECORD_HEADER.unpack_from(data, pos - start)
+        begin = pos - start + _RECORD_HEADER.size
+        chunk = data[begin:begin + length]
         if len(chunk) < length or kind not in (_FULL, _FIRST, _MIDDLE, _LAST) \
                 or zlib.crc32(bytes([kind]) + chunk) != crc:
             return
-        pos = start + length
+        pos += _RECORD_HEADER.size + length
         if kind == _FULL:
-            yield chunk
+            yield chunk, pos
         elif kind == _FIRST:
             pending = chunk
         elif kind == _MIDDLE:
             pending += chunk
         else:
-            yield pending + chunk
+            yield pending + chunk, pos
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
