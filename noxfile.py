@@ -26,7 +26,7 @@ DEPS = ROOT / ".nox" / "_deps"
 DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors", "datasets>=3.0", "numpy",
              "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "matplotlib>=3.7", "mlflow>=2.16", "pytest>=8",
              "pytest-timeout", "hypothesis>=6.100", "playwright>=1.40", "setuptools>=68", "wheel"]
-PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math")}
+PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math", "tensorboard", "wandb")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "TOKENIZERS_PARALLELISM": "false"}
 """OMP_NUM_THREADS: the caller's, else 1 (torch's intra-op threads; the suite passes with 1 or 2, which round
@@ -111,6 +111,33 @@ def math(session):
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", *MATH_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-math/tests")
     _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [reward.math_verify]'s keys
+
+
+TENSORBOARD_DEPS = ["tensorboard>=2.14"]
+WANDB_DEPS = ["wandb>=0.31"]
+"""The trackers' libraries (wandb >= 0.31 for `wandb leet inspect`, the reader the tests check the .wandb files
+with): installed into each tracker's session venv only, so no other session sees them."""
+
+
+@nox.session(python="3.11")
+def tensorboard(session):
+    """nanoverl-tensorboard with tensorboard: event files read back after a kill and resume; the scalars page.
+
+    Each step once, read by TensorBoard's own reader; a real `tensorboard` server's page in headless Chromium."""
+    _setup(session, "tensorboard")
+    session.run("python", "-m", "pip", "install", "-q", *TENSORBOARD_DEPS, env=ENV)
+    _pytest(session, "plugins/nanoverl-tensorboard/tests")
+
+
+@nox.session(python="3.11")
+def wandb(session):
+    """nanoverl-wandb with wandb, offline: the .wandb files read back after a kill and resume; exit codes.
+
+    Each step once across the killed and the resumed process's files (one W&B run), read by W&B's own reader;
+    the wandb-core service ends with the run."""
+    _setup(session, "wandb")
+    session.run("python", "-m", "pip", "install", "-q", *WANDB_DEPS, env=ENV)
+    _pytest(session, "plugins/nanoverl-wandb/tests")
 
 
 @nox.session(python="3.11")

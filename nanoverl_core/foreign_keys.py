@@ -35,7 +35,7 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "trainer.resume_mode": (V, "trainer.resume", "auto / never / a checkpoint path"),
     "trainer.resume_from_path": (V, "trainer.resume", "a checkpoint path"),
     "trainer.max_actor_ckpt_to_keep": (V, "trainer.keep_checkpoints", ""),
-    "trainer.logger": (V, "tracking.trackers", "console, jsonl, plot, mlflow"),
+    "trainer.logger": (V, "tracking.trackers", "console, jsonl, plot, mlflow, tensorboard, wandb"),
     "trainer.project_name": (V, "tracking.mlflow.experiment", ""),
     "trainer.experiment_name": (V, "tracking.mlflow.run_name", ""),
     "trainer.n_gpus_per_node": (V, "", "launch with torchrun --nproc-per-node N (docs/fsdp.md)"),

@@ -34,6 +34,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("worker", "hf"): "hf", ("rollout", "hf"): "hf", ("reward", "gsm8k"): "hf", ("reward", "reward_model"): "hf",
     ("worker", "fsdp"): "fsdp", ("rollout", "vllm"): "vllm", ("tracker", "mlflow"): "mlflow",
     ("reward", "math_verify"): "math",
+    ("tracker", "tensorboard"): "tensorboard", ("tracker", "wandb"): "wandb",
     **{("advantage_estimator", n): "grpo"
        for n in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk")},
 }

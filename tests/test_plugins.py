@@ -102,6 +102,18 @@ def test_unknown_name_lists_available_close_match_and_install_line():
     assert 'pip install "nanoverl[grpo]"' in msg
 
 
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb"])
+def test_a_tracker_plugin_that_is_not_installed_names_its_install_line(tracker):
+    registry = Registry()
+    registry.add("tracker", "console", "x:y", "nanoverl")
+    with pytest.raises(PluginError) as err:
+        registry.get("tracker", tracker, key="tracking.trackers")
+    msg = str(err.value)
+    assert f"tracking.trackers = '{tracker}': no tracker of that name is registered; available: console" in msg
+    assert f'it is provided by nanoverl-{tracker}: pip install "nanoverl[{tracker}]"' in msg
+    assert f'plugins/nanoverl-{tracker}"' in msg  # the checkout's folder, editable
+
+
 def test_lazy_string_is_imported_only_when_selected():
     registry = Registry()
     registry.add("reward", "lazy", "nanoverl_core.builtins.rewards:char_match", "nanoverl")

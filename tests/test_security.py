@@ -83,6 +83,8 @@ SOURCE_TREES = {
     "nanoverl-grpo": [ROOT / "plugins" / "nanoverl-grpo" / "src"],
     "nanoverl-vllm": [ROOT / "plugins" / "nanoverl-vllm" / "src"],
     "nanoverl-fsdp": [ROOT / "plugins" / "nanoverl-fsdp" / "src"],
+    "nanoverl-tensorboard": [ROOT / "plugins" / "nanoverl-tensorboard" / "src"],
+    "nanoverl-wandb": [ROOT / "plugins" / "nanoverl-wandb" / "src"],
     "examples and scripts": [ROOT / "examples", ROOT / "scripts"],
 }
 
