@@ -3,6 +3,8 @@ stays fast)."""
 
 import attrs
 
+from nanoverl_core.config import at_least
+
 MODES = ("", "offline", "online", "disabled")
 
 
@@ -21,6 +23,6 @@ class WandbSettings:
     mode: str = attrs.field(default="", validator=attrs.validators.in_(MODES))
     """"offline" (files in the run directory, `wandb sync` uploads them later), "online" (needs `wandb login`)
     or "disabled"; empty: $WANDB_MODE if set, else "offline"."""
-    max_sample_rows: int = attrs.field(default=16, validator=attrs.validators.ge(0))
+    max_sample_rows: int = attrs.field(default=16, validator=at_least(0))
     """Rows of each sample table (rollouts, validation) logged as a wandb.Table ``samples/<name>`` at its
     step (0: none)."""
