@@ -219,16 +219,24 @@ def test_a_killed_and_resumed_run_is_one_wandb_run_with_each_step_once(tmp_path)
 
 
 def test_a_failed_run_finishes_its_wandb_run_with_exit_code_1(tmp_path):
-    """Training data with a malformed row fails after the trackers started (exit 2, one line)."""
-    data = tmp_path / "bad.jsonl"
-    data.write_text('{"question": "abc"}\n')
+    """A reward that raises in step 1 stops the run (exit 2, one line) after the trackers started; a start
+    that fails earlier (a malformed data row) leaves no run directory at all, W&B's offline files included."""
+    reward = tmp_path / "raises.py"
+    reward.write_text("def compute_score(prompt, response, sample):\n    raise ValueError('no')\n")
     run_dir = tmp_path / "run"
-    proc = run_cli("--config", REINFORCE, *SHORT, f"trainer.output_dir={run_dir}", f"data.train_files=[{data}]",
-                   "tracking.trackers=[wandb]")
-    assert_user_error(proc, str(data))
+    proc = run_cli("--config", REINFORCE, *SHORT, f"trainer.output_dir={run_dir}", f"reward.file={reward}",
+                   "reward.on_error=raise", "tracking.trackers=[wandb]")
+    assert_user_error(proc, "raised ValueError: no")
     (folder,) = run_folders(run_dir)
     recs = records(folder)
     assert exit_code(recs) == 1 and not history(recs)
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"question": "abc"}\n')
+    proc = run_cli("--config", REINFORCE, *SHORT, f"trainer.output_dir={tmp_path / 'early'}",
+                   f"data.train_files=[{data}]", "tracking.trackers=[wandb]")
+    assert_user_error(proc, str(data))
+    assert not (tmp_path / "early").exists()
 
 
 def test_a_bad_setting_exits_2_with_one_line(tmp_path):
