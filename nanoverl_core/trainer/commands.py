@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..config import Config, config_from_dict, drop_moved_keys
-from ..data import load_prompts
+from ..data import load_split
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
 from .checkpoint import find_checkpoint, reading_checkpoint
@@ -28,7 +28,7 @@ from .validation import eval_decodings
 
 def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None) -> dict[str, Any]:
     """{"model", "checkpoint", "prompts", "results": {decoding: metrics}} for the base model or `checkpoint`."""
-    if not config.data.val_files:
+    if config.data.source == "files" and not config.data.val_files:
         raise ConfigError("data.val_files is empty; eval scores the config's validation prompts, name at least one file")
     ckpt = find_checkpoint(checkpoint, "--checkpoint", config.trainer.output_dir) if checkpoint is not None else None
     plugins = resolve_plugins(config, registry)
@@ -43,8 +43,11 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None)
             with reading_checkpoint(ckpt):
                 workers.actor.load(ckpt / "actor")
             rollout.sync_weights(workers.actor)
-        data = load_prompts(config.data.val_files, config.data, workers.tokenizer, "data.val_files",
-                            tools=prompt_tools(plugins))
+        data = load_split(plugins["data_source"](config), "val", config.data, workers.tokenizer,
+                          tools=prompt_tools(plugins))
+        if data is None:
+            raise ConfigError(f"data.source = {config.data.source!r} gives no validation rows; eval scores the "
+                              f"validation prompts: set its validation size in [data.{config.data.source}]")
         results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data)
     finally:
         rollout.close()
