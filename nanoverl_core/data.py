@@ -12,7 +12,7 @@ its epoch and continues at exactly the next prompt.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
