@@ -285,7 +285,7 @@ class MakeEnvironment(Protocol):
 class DataSource(Protocol):
     """The prompts of a run: files, or a generator that draws rows from its settings and seeds.
 
-    Optional attribute:
+    Optional attributes:
       * ``generated``: True for a source that draws rows (a task generator). The loader then asks for
         the training rows of every epoch anew (``rows("train", epoch)``: fresh rows each epoch, when the
         source seeds them by its seed and the epoch) and drops training rows whose prompt is a validation

@@ -198,4 +198,18 @@ def test_bad_generator_settings_exit_2_before_anything_is_written(plugin_site, t
                       "data.train_files is set but data.source = 'copy_gen'")
     assert_user_error(run_cli(*common, *GEN[1:], "data.source=copy_ge", "--dry-run", env=env),
                       "data.source = 'copy_ge'", "did you mean 'copy_gen'")
-    assert not (tmp_path / "run").exists()
+    assert_user_error(run_cli(*common, *GEN, "data.copy_gen.val_size=0", "trainer.eval_before_after=true", env=env),
+                      "trainer.eval_before_after = true evaluates on the validation rows",
+                      "data.source = 'copy_gen' gives none")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_eval_scores_a_generated_sources_validation_rows(plugin_site, tmp_path):
+    env = with_plugins(plugin_site, "nanoverl-fixture-gen")
+    proc = run_cli("eval", "--config", REINFORCE, "--json", *GEN, "data.copy_gen.val_size=24",
+                   f"trainer.output_dir={tmp_path}", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["prompts"] == 24 and "copy_gen/reward/mean" in report["results"]["greedy"]
+    assert_user_error(run_cli("eval", "--config", REINFORCE, *GEN, "data.copy_gen.val_size=0", env=env),
+                      "data.source = 'copy_gen' gives no validation rows")

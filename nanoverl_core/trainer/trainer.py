@@ -84,6 +84,10 @@ class Trainer:
         tools = prompt_tools(plugins)                                              # a tool environment's
         source = plugins["data_source"](cfg)                                      # data.source: files or a generator
         self.val_data = load_split(source, "val", cfg.data, self.tokenizer, tools=tools)
+        if self.val_data is None and cfg.trainer.eval_before_after:
+            raise ConfigError(f"trainer.eval_before_after = true evaluates on the validation rows, but data.source = "
+                              f"{cfg.data.source!r} gives none; give it validation rows (its [data.{cfg.data.source}] "
+                              "settings) or set trainer.eval_before_after = false")
         self.loader = PromptLoader(source, cfg.data, self.tokenizer, cfg.trainer.seed, tools=tools,
                                    exclude=frozenset(self.val_data.texts if self.val_data else ()))
         self.train_data, self.sampler = self.loader.data, self.loader.sampler
