@@ -153,6 +153,9 @@ def prompts_from_rows(rows: list[dict[str, Any]], cfg: DataConfig, tokenizer, ke
     if dropped:
         print(f"warning: {key}: dropped {dropped} of {len(rows)} prompts longer than "
               f"data.max_prompt_length={cfg.max_prompt_length} tokens", file=sys.stderr)
+    if not kept_rows and seen:
+        raise DataError(f"{key}: every prompt is a validation prompt; draw training and validation rows from "
+                        "different settings or seeds")
     if not kept_rows:
         raise DataError(f"{key}: every prompt is longer than data.max_prompt_length={cfg.max_prompt_length}; "
                         "raise it or shorten the prompts")

@@ -90,7 +90,7 @@ class Trainer:
                               "settings) or set trainer.eval_before_after = false")
         self.loader = PromptLoader(source, cfg.data, self.tokenizer, cfg.trainer.seed, tools=tools,
                                    exclude=frozenset(self.val_data.texts if self.val_data else ()))
-        self.train_data, self.sampler = self.loader.data, self.loader.sampler
+        self.sampler = self.loader.sampler                                        # its state goes into checkpoints
         if cfg.trainer.total_epochs:                                              # steps, now that rows are counted
             cfg.trainer.total_steps = cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.kl_ctrl = make_kl_controller(cfg.algorithm)

@@ -51,15 +51,15 @@ class ReasoningGymSource:
     def __init__(self, settings) -> None:
         self.settings = settings
         self.system = system_prompt(settings.system_prompt)
-        self._val_questions: set[str] | None = None
+        self._val_rows: list[dict[str, Any]] | None = None
 
     def rows(self, split: str, epoch: int) -> list[dict[str, Any]]:
         s = self.settings
+        if self._val_rows is None:                            # drawn once: validation, and what training skips
+            self._val_rows = self._draw("val", s.val_seed, 0, s.val_size, skip=set())
         if split == "val":
-            return self._draw("val", s.val_seed, 0, s.val_size, skip=set())
-        if self._val_questions is None:
-            self._val_questions = {row["question"] for row in self.rows("val", 0)}
-        return self._draw("train", s.seed, epoch, s.size, skip=self._val_questions)
+            return list(self._val_rows)
+        return self._draw("train", s.seed, epoch, s.size, skip={row["question"] for row in self._val_rows})
 
     def _draw(self, split: str, seed: int, epoch: int, count: int, skip: set[str]) -> list[dict[str, Any]]:
         tasks = self.settings.tasks
