@@ -26,7 +26,8 @@ DEPS = ROOT / ".nox" / "_deps"
 DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors", "datasets>=3.0", "numpy",
              "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "matplotlib>=3.7", "mlflow>=2.16", "pytest>=8",
              "pytest-timeout", "hypothesis>=6.100", "playwright>=1.40", "setuptools>=68", "wheel"]
-PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math", "tensorboard", "wandb")}
+PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math", "reasoning-gym",
+                                                         "tensorboard", "wandb")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "TOKENIZERS_PARALLELISM": "false"}
 """OMP_NUM_THREADS: the caller's, else 1 (torch's intra-op threads; the suite passes with 1 or 2, which round
@@ -138,6 +139,20 @@ def wandb(session):
     _setup(session, "wandb")
     session.run("python", "-m", "pip", "install", "-q", *WANDB_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-wandb/tests")
+
+
+REASONING_GYM_DEPS = ["reasoning-gym>=0.1.19"]
+"""nanoverl-reasoning-gym's dependency (and its own: sympy, pyfiglet, ...): installed into the reasoning_gym
+session's venv only (with its dependencies, over the shared torch and transformers)."""
+
+
+@nox.session(python="3.11")
+def reasoning_gym(session):
+    """nanoverl-reasoning-gym with the real reasoning_gym: rows, its verifiers as the reward, bad settings, a
+    short run on the hf worker (a tiny model over printable characters)."""
+    _setup(session, "hf", "grpo", "reasoning-gym")
+    session.run("python", "-m", "pip", "install", "-q", *REASONING_GYM_DEPS, env=ENV)
+    _pytest(session, "plugins/nanoverl-reasoning-gym/tests")
 
 
 @nox.session(python="3.11")

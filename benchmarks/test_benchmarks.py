@@ -133,3 +133,13 @@ def test_multiturn_cost_times_episodes_against_single_responses_of_as_many_token
     assert result["benchmark"] == "multiturn_cost" and result["rollout"] == "hf"
     assert result["model_tokens"] == {"single": 48, "episodes": 48}        # equal work: 4 rows x 3 x 4 tokens
     assert result["ratio"] > 0 and len(result["episodes_s_all"]) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nanoverl_reasoning_gym") is None
+                    or importlib.util.find_spec("nanoverl_hf") is None,
+                    reason="needs nanoverl-reasoning-gym and nanoverl-hf")
+def test_data_source_reports_the_loader_against_a_tiny_step():
+    (row,) = run("data_source.py", "--size", "64", "--epochs", "1", "--warmup", "0", "--steps", "1")
+    assert row["step_s"] > 0 and row["files_loader_s"] > 0 and row["rg_steps"] == 4 == row["rg_no_system_steps"]
+    assert row["rg_rows_per_epoch"] == 64 and row["rg_prompt_tokens_mean"] > 3 * row["rg_no_system_prompt_tokens_mean"]
+    assert 0 < row["rg_generate_s"] < row["rg_loader_s"]

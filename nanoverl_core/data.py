@@ -1,15 +1,18 @@
-"""Prompt datasets and the stateful sampler.
+"""Prompt datasets, the data sources they come from, and the stateful loader.
 
-Files are read with `datasets` (jsonl / json / parquet). Prompts are tokenized once at load time;
-chat-format prompts (a list of {"role", "content"} messages) go through the tokenizer's chat
-template when it has one. Prompts longer than `data.max_prompt_length` are dropped and counted.
-The sampler's state (epoch, position) goes into every checkpoint, so a resumed run continues at
-exactly the next prompt.
+Rows come from the data source `data.source` names (`register_data_sources`): the built-in "files"
+reads `data.train_files` / `data.val_files` with `datasets` (jsonl / json / parquet); a generator
+draws them from its settings. Prompts are tokenized once per load; chat-format prompts (a list of
+{"role", "content"} messages) go through the tokenizer's chat template when it has one. Prompts longer
+than `data.max_prompt_length` are dropped and counted. The sampler's state (epoch, position) goes into
+every checkpoint; a source gives the same rows for the same (split, epoch), so a resumed run reloads
+its epoch and continues at exactly the next prompt.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +94,48 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer, tools: list |
                     f"with 'content', got {type(prompt).__name__}")
 
 
+class FileSource:
+    """The built-in data source "files": data.train_files and data.val_files, the same rows every epoch."""
+
+    generated = False
+
+    def __init__(self, config) -> None:
+        self.files = {"train": config.data.train_files, "val": config.data.val_files}
+
+    def rows(self, split: str, epoch: int) -> list[dict[str, Any]]:
+        files = self.files[split]
+        return read_rows(files, f"data.{split}_files") if files else []
+
+
 def load_prompts(files: list[str], cfg: DataConfig, tokenizer, key: str = "data.train_files",
                  tools: list | None = None) -> PromptDataset:
-    rows = read_rows(files, key)
-    kept_rows, ids, texts = [], [], []
+    return prompts_from_rows(read_rows(files, key), cfg, tokenizer, key, tools)
+
+
+def split_key(cfg: DataConfig, split: str) -> str:
+    """How messages name a split's rows: the files' key, or the source's settings table."""
+    return f"data.{split}_files" if cfg.source == "files" else f"[data.{cfg.source}] ({split} rows)"
+
+
+def load_split(source, split: str, cfg: DataConfig, tokenizer, *, epoch: int = 0, tools: list | None = None,
+               exclude: frozenset[str] = frozenset()) -> PromptDataset | None:
+    """The prompts of `source.rows(split, epoch)` (None when it has none), without those whose rendered
+    prompt is in `exclude` (the validation prompts, for a generated source's training rows)."""
+    key = split_key(cfg, split)
+    rows = [row if "__file__" in row else {"__file__": f"data.source {cfg.source!r} {split} epoch {epoch}",
+                                           "__row__": i, **row}
+            for i, row in enumerate(source.rows(split, epoch))]
+    return prompts_from_rows(rows, cfg, tokenizer, key, tools, exclude) if rows else None
+
+
+def prompts_from_rows(rows: list[dict[str, Any]], cfg: DataConfig, tokenizer, key: str, tools: list | None = None,
+                      exclude: frozenset[str] = frozenset()) -> PromptDataset:
+    kept_rows, ids, texts, seen = [], [], [], 0
     for row in rows:
         text = render_prompt(row, cfg, tokenizer, tools)
+        if text in exclude:
+            seen += 1
+            continue
         try:
             tokens = tokenizer.encode(text, add_special_tokens=False) if getattr(tokenizer, "chat_template", None) \
                 else tokenizer.encode(text)
@@ -108,10 +147,15 @@ def load_prompts(files: list[str], cfg: DataConfig, tokenizer, key: str = "data.
             kept_rows.append({k: v for k, v in row.items() if not k.startswith("__")})
             ids.append(tokens)
             texts.append(text)
-    dropped = len(rows) - len(kept_rows)
+    if seen:
+        print(f"warning: {key}: dropped {seen} of {len(rows)} prompts that are validation prompts", file=sys.stderr)
+    dropped = len(rows) - seen - len(kept_rows)
     if dropped:
         print(f"warning: {key}: dropped {dropped} of {len(rows)} prompts longer than "
               f"data.max_prompt_length={cfg.max_prompt_length} tokens", file=sys.stderr)
+    if not kept_rows and seen:
+        raise DataError(f"{key}: every prompt is a validation prompt; draw training and validation rows from "
+                        "different settings or seeds")
     if not kept_rows:
         raise DataError(f"{key}: every prompt is longer than data.max_prompt_length={cfg.max_prompt_length}; "
                         "raise it or shorten the prompts")
@@ -137,14 +181,21 @@ class StatefulSampler:
     """Batches of dataset indices, reshuffled every epoch from (seed, epoch); its state is two ints.
 
     An epoch's tail that cannot fill a batch is skipped, so every batch has `batch_size` prompts.
+    `epoch_size(epoch)`, if given, is the number of rows of each epoch (a generated source's epochs
+    may differ by the prompts dropped); else every epoch has `size`.
     """
 
-    def __init__(self, size: int, batch_size: int, seed: int, shuffle: bool = True):
-        if size < batch_size:
-            raise DataError(f"data.batch_size = {batch_size} but the training data has only {size} prompts; "
-                            "lower data.batch_size or add data")
-        self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
+    def __init__(self, size: int, batch_size: int, seed: int, shuffle: bool = True,
+                 epoch_size: Callable[[int], int] | None = None):
+        self.batch_size, self.seed, self.shuffle, self.epoch_size = batch_size, seed, shuffle, epoch_size
         self.epoch, self.position = 0, 0
+        self._set_size(size)
+
+    def _set_size(self, size: int) -> None:
+        if size < self.batch_size:
+            raise DataError(f"data.batch_size = {self.batch_size} but the training data has only {size} prompts"
+                            f"{f' in epoch {self.epoch}' if self.epoch else ''}; lower data.batch_size or add data")
+        self.size = size
 
     def _order(self) -> list[int]:
         if not self.shuffle:
@@ -155,6 +206,8 @@ class StatefulSampler:
     def next_indices(self) -> list[int]:
         if self.position + self.batch_size > self.size:
             self.epoch, self.position = self.epoch + 1, 0
+            if self.epoch_size is not None:
+                self._set_size(self.epoch_size(self.epoch))
         indices = self._order()[self.position:self.position + self.batch_size]
         self.position += self.batch_size
         return indices
@@ -164,3 +217,44 @@ class StatefulSampler:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        if self.epoch_size is not None:
+            self._set_size(self.epoch_size(self.epoch))
+
+
+class PromptLoader:
+    """The training prompts, epoch by epoch, and the stateful sampler over them.
+
+    A generated source (`DataSource.generated`) gives each epoch its own rows: the loader loads epoch e's
+    (`rows("train", e)`) when the sampler enters it, without the validation prompts (`exclude`). Any
+    other source's rows are loaded once and reshuffled every epoch. The sampler's state is all a
+    checkpoint needs: `sampler.load_state_dict` reloads the epoch it names.
+    """
+
+    def __init__(self, source, cfg: DataConfig, tokenizer, seed: int, *, tools: list | None = None,
+                 exclude: frozenset[str] = frozenset()):
+        self.source, self.cfg, self.tokenizer, self.tools = source, cfg, tokenizer, tools
+        self.generated = bool(getattr(source, "generated", False))
+        self.exclude = exclude if self.generated else frozenset()
+        self.epoch, self.data = 0, self._load(0)
+        self.steps_per_epoch = len(self.data) // cfg.batch_size
+        """Full batches in epoch 0 (what trainer.total_epochs counts by)."""
+        self.sampler = StatefulSampler(len(self.data), cfg.batch_size, seed, cfg.shuffle,
+                                       epoch_size=lambda epoch: len(self.dataset(epoch)))
+
+    def _load(self, epoch: int) -> PromptDataset:
+        data = load_split(self.source, "train", self.cfg, self.tokenizer, epoch=epoch, tools=self.tools,
+                          exclude=self.exclude)
+        if data is None:
+            raise DataError(f"{split_key(self.cfg, 'train')}: the data source {self.cfg.source!r} gave no training "
+                            f"rows{f' for epoch {epoch}' if epoch else ''}; check its settings")
+        return data
+
+    def dataset(self, epoch: int) -> PromptDataset:
+        """The prompts of `epoch` (a generated source's are loaded when first asked for)."""
+        if self.generated and epoch != self.epoch:
+            self.epoch, self.data = epoch, self._load(epoch)
+        return self.data
+
+    def next_batch(self, pad_token_id: int) -> RLBatch:
+        indices = self.sampler.next_indices()
+        return collate(self.dataset(self.sampler.epoch), indices, pad_token_id, self.cfg.data_source_key)

@@ -26,8 +26,6 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "data.max_response_length": (V, "rollout.max_new_tokens", ""),
     "data.reward_fn_key": (V, "data.data_source_key", ""),
     "data.filter_overlong_prompts": (V, "data.max_prompt_length", "longer prompts are always dropped and counted"),
-    "trainer.total_epochs": (V, "trainer.total_steps", "nanoverl counts steps: epochs * (training prompts // "
-                                                       "data.batch_size)"),
     "trainer.total_training_steps": (V, "trainer.total_steps", ""),
     "trainer.save_freq": (V, "trainer.save_every", "0 saves only at the end"),
     "trainer.test_freq": (V, "trainer.val_every", "0 never validates"),
@@ -136,8 +134,7 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "use_vllm": (T, "rollout.name", "rollout.name = \"vllm\""),
     "vllm_gpu_memory_utilization": (T, "rollout.vllm.gpu_memory_utilization", ""),
     "max_steps": (T, "trainer.total_steps", ""),
-    "num_train_epochs": (T, "trainer.total_steps", "nanoverl counts steps: epochs * (training prompts // "
-                                                   "data.batch_size)"),
+    "num_train_epochs": (T, "trainer.total_epochs", "passes over the training rows"),
     "save_steps": (T, "trainer.save_every", ""),
     "eval_steps": (T, "trainer.val_every", ""),
     "save_total_limit": (T, "trainer.keep_checkpoints", ""),

@@ -1,4 +1,4 @@
-"""The seven plugin hooks, and the contracts of what they register.
+"""The eight plugin hooks, and the contracts of what they register.
 
 A plugin is a module named by an entry point in the group ``nanoverl``. It implements any of the
 hooks below with ``@hookimpl``; each hook is called once, with a ``register`` callback:
@@ -12,7 +12,8 @@ is, and the optional attributes the framework reads off it, are the protocols of
 ``settings`` (a class, or a ``"module:attr"`` string) is an ``attrs`` class with a default for every
 field and a one-line docstring under each: the component's own typed settings. The user writes them
 in the table ``[<section>.<name>]`` of the section that selects the component (``[rollout.vllm]``,
-``[worker.fsdp]``, ``[actor.gspo]``, ``[algorithm.grpo]``, ``[reward.<name>]``, ``[tracking.<name>]``);
+``[worker.fsdp]``, ``[actor.gspo]``, ``[algorithm.grpo]``, ``[reward.<name>]``, ``[tracking.<name>]``,
+``[data.<name>]``);
 they are validated like the core's keys (unknown key with a close match, wrong type, an ``attrs``
 validator's message: exit 2) and shown by ``--dry-run``. The component reads them as
 ``config.<section>.settings`` (trackers: ``config.tracking.settings[name]``). Keep the settings class
@@ -134,6 +135,20 @@ def register_environments(register: Register) -> None:
     """
 
 
+@hookspec
+def register_data_sources(register: Register) -> None:
+    """Register where prompts come from, selected by ``data.source`` (default ``"files"``: the built-in
+    reader of ``data.train_files`` / ``data.val_files``); settings in ``[data.<name>]``.
+
+    obj: a ``nanoverl_core.protocols.MakeDataSource``, ``make_source(config) -> DataSource``
+    (``nanoverl_core.protocols.DataSource``): ``rows(split, epoch)`` yields the rows of ``"train"`` or
+    ``"val"`` as plain dicts like a file's rows (the prompt under ``data.prompt_key``, a string or chat
+    messages; ``data.data_source_key``; whatever the reward reads), the same rows every time it is called
+    with the same arguments, so the loader's state (epoch, position) is all a checkpoint keeps. Optional
+    attributes: ``generated``, ``check_config`` (see ``MakeDataSource`` and ``DataSource``).
+    """
+
+
 HOOKS: dict[str, str] = {
     "register_rollouts": "rollout",
     "register_workers": "worker",
@@ -142,5 +157,6 @@ HOOKS: dict[str, str] = {
     "register_trackers": "tracker",
     "register_policy_losses": "policy_loss",
     "register_environments": "environment",
+    "register_data_sources": "data_source",
 }
 """Hook name -> registry kind."""

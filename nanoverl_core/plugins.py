@@ -5,7 +5,7 @@ one that fails to import is reported by name instead of breaking every command. 
 built-ins are registered through the same hooks, under the distribution name ``nanoverl``.
 
 One ``Registry`` holds a table per kind (rollout, worker, advantage_estimator, reward, tracker,
-policy_loss), records which distribution provided each name (and its description and settings
+policy_loss, environment, data_source), records which distribution provided each name (and its description and settings
 class), resolves ``"module:attr"`` strings only when a name is selected, and raises one
 ``PluginError`` format for duplicates and unknown names.
 """
@@ -35,6 +35,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("worker", "fsdp"): "fsdp", ("rollout", "vllm"): "vllm", ("tracker", "mlflow"): "mlflow",
     ("reward", "math_verify"): "math",
     ("tracker", "tensorboard"): "tensorboard", ("tracker", "wandb"): "wandb",
+    ("data_source", "reasoning_gym"): "reasoning-gym", ("reward", "reasoning_gym"): "reasoning-gym",
     **{("advantage_estimator", n): "grpo"
        for n in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk")},
 }

@@ -4,7 +4,8 @@ Two kinds. The objects a run works with: `Workers` (nanoverl_core.workers) holds
 policy), an optional frozen `Actor` (the reference) and an optional `Critic`; a `Rollout` generates;
 a `Tracker` logs. And the callables the hooks of `nanoverl_core.hookspecs` register, which build or
 are those components: `MakeWorkers`, `MakeRollout`, `Estimator`, `RewardFn`, `PolicyLoss`,
-`MakeTracker`, `MakeEnvironment` (which builds an `Environment`). The framework reads a few optional
+`MakeTracker`, `MakeEnvironment` (which builds an `Environment`), `MakeDataSource` (which builds a
+`DataSource`). The framework reads a few optional
 attributes off a registered callable (with `getattr` and a default: a callable without them is valid); each protocol's docstring lists them
 under "Optional attributes" and says what the framework does with them.
 
@@ -18,7 +19,7 @@ Shapes: B = rows, R = response length (the batch's `responses` width).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -280,3 +281,37 @@ class MakeEnvironment(Protocol):
     """
 
     def __call__(self, sample: dict, **settings: Any) -> Environment: ...
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """The prompts of a run: files, or a generator that draws rows from its settings and seeds.
+
+    Optional attributes:
+      * ``generated``: True for a source that draws rows (a task generator). The loader then asks for
+        the training rows of every epoch anew (``rows("train", epoch)``: fresh rows each epoch, when the
+        source seeds them by its seed and the epoch) and drops training rows whose prompt is a validation
+        prompt, so training never sees one. False or absent: the rows of epoch 0 are every epoch's,
+        reshuffled (``data.shuffle``), and used as given.
+    """
+
+    def rows(self, split: str, epoch: int) -> Iterable[dict[str, Any]]:
+        """The rows of ``split`` ("train" or "val"; validation is always epoch 0), each a plain dict like
+        a file's row: the prompt under ``data.prompt_key`` (a string or chat messages), the data source
+        under ``data.data_source_key``, and what the reward reads (ground truth, extra info), JSON-safe,
+        since rewards run in worker processes. The same arguments give the same rows, in the same order:
+        a resumed run regenerates its epoch and continues at the checkpoint's position. No rows for
+        "val": no validation. A row may carry ``__file__`` / ``__row__`` (how errors name it)."""
+
+
+class MakeDataSource(Protocol):
+    """`register_data_sources`: ``make_source(config) -> DataSource`` (selected by ``data.source``; its
+    settings are ``config.data.settings``), called once per run and once by ``nanoverl-train eval``.
+
+    Optional attributes:
+      * ``check_config``: ``check_config(config) -> None`` raises ConfigError for bad settings (an unknown
+        task, a parameter out of range) before the run directory is written or a model loads; ``--dry-run``
+        runs it too.
+    """
+
+    def __call__(self, config: Config) -> DataSource: ...

@@ -101,7 +101,7 @@ def plugin_site(tmp_path_factory) -> Path:
     site = tmp_path_factory.mktemp("plugin-site")
     sources = tmp_path_factory.mktemp("plugin-src")
     for name in ("nanoverl-fixture", "nanoverl-fixture-dup", "nanoverl-fixture-broken", "nanoverl-fixture-badhook",
-                 "nanoverl-fixture-ext"):
+                 "nanoverl-fixture-ext", "nanoverl-fixture-gen"):
         source = shutil.copytree(FIXTURES / name, sources / name)  # build outside the checkout
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                         "--target", str(site / name), str(source)], check=True, capture_output=True)

@@ -84,7 +84,7 @@ class PlotTracker:
         self.path = self.run_dir / FILE_NAME
         self.tmp_path = self.run_dir / (FILE_NAME + ".tmp")
         self.every_s = (settings or PlotSettings()).every_s
-        self.total_steps = getattr(getattr(config, "trainer", None), "total_steps", None)
+        self.trainer = getattr(config, "trainer", None)  # total_steps read at each draw (total_epochs sets it late)
         self.rows: dict[int, dict[str, float]] = {}  # step -> plotted metrics of that step
         self.last_step = 0
         self.draws = 0                   # completed draws (tests and curious users)
@@ -212,7 +212,8 @@ class PlotTracker:
         self._panel(length, "response length", "tokens",
                     [("rollout/response_length/mean", "mean", {}),
                      ("rollout/response_length/max", "max", {"linestyle": "--"})])
-        of = f" of {self.total_steps}" if isinstance(self.total_steps, int) and self.total_steps > 0 else ""
+        total = getattr(self.trainer, "total_steps", None)
+        of = f" of {total}" if isinstance(total, int) and total > 0 else ""
         state = f"{ended} at step {self.last_step}" if ended else f"step {self.last_step}{of}"
         fig.suptitle(f"{self.run_dir.name or self.run_dir.resolve().name}: {state}", fontsize=13)
 

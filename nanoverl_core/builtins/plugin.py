@@ -71,3 +71,9 @@ def register_environments(register):
              description="the copy task answered a few characters per turn (multi-turn twin of char_match)")
     register("calculator", f"{_HERE}.environments:calculator",
              description="one tool, calculate(expression), for integer arithmetic; [reward] scores the answer")
+
+
+@hookimpl
+def register_data_sources(register):
+    register("files", "nanoverl_core.data:FileSource",
+             description="data.train_files and data.val_files (jsonl / json / parquet), the same rows every epoch")

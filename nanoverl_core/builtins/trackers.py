@@ -16,7 +16,7 @@ class ConsoleTracker:
     """A progress bar with step, reward and time left on a terminal; one plain line per step otherwise."""
 
     def __init__(self, config: Config, run_dir: Path, state: dict | None):
-        self.total = config.trainer.total_steps
+        self.trainer = config.trainer  # total_steps is read at each step: trainer.total_epochs sets it after loading
         mode = config.trainer.progress
         self.bar = mode == "bar" or (mode == "auto" and sys.stdout.isatty())
         self.quiet = mode == "none"
@@ -25,19 +25,20 @@ class ConsoleTracker:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self.quiet:
             return
+        total = self.trainer.total_steps or step
         if self.first_step is None:
             self.first_step = step - 1
         done = step - self.first_step
-        left = (time.monotonic() - self.start) / done * (self.total - step)
+        left = (time.monotonic() - self.start) / done * (total - step)
         shown = " ".join(f"{k}={metrics[k]:.4g}" for k in _SHOWN if k in metrics)
         if self.bar:
-            filled = int(30 * step / self.total)
-            sys.stdout.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {step}/{self.total} {shown} "
+            filled = int(30 * step / total)
+            sys.stdout.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {step}/{total} {shown} "
                              f"left {left:.0f}s\x1b[K")
-            if step == self.total:
+            if step == total:
                 sys.stdout.write("\n")
         else:
-            sys.stdout.write(f"step {step}/{self.total} {shown} time_left={left:.0f}s\n")
+            sys.stdout.write(f"step {step}/{total} {shown} time_left={left:.0f}s\n")
         sys.stdout.flush()
 
     def log_samples(self, name: str, rows: list[dict], step: int) -> None:

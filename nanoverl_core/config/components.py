@@ -1,6 +1,6 @@
 """Component settings: the [<section>.<name>] tables of the components a config selects.
 
-A rollout, worker, policy loss, advantage estimator, reward, tracker or environment that registered a settings class
+A rollout, worker, policy loss, advantage estimator, reward, tracker, environment or data source that registered a settings class
 (`register(..., settings=Cls)`) is configured in its own table; `component_settings` structures and
 validates it like the core's keys and puts it at `config.<section>.settings`.
 """
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 COMPONENTS: dict[str, str] = {"rollout": "rollout", "worker": "worker", "actor": "policy_loss",
                               "algorithm": "advantage_estimator", "reward": "reward", "tracking": "tracker",
-                              "environment": "environment"}
+                              "environment": "environment", "data": "data_source"}
 """Config section -> the registry kind of the component(s) it selects. A component that registered a
 settings class (`register(..., settings=Cls)`) is configured in the table [<section>.<name>]; the
 selected one's settings object is `config.<section>.settings` (for trackers, a dict by name)."""
@@ -33,7 +33,8 @@ def selected_names(config: Config, section: str) -> list[str]:
             "reward": [c.name for c in config.reward.components if not c.file] if config.reward.components
             else [] if config.reward.file else [config.reward.name],
             "tracking": list(config.tracking.trackers),
-            "environment": [config.environment.name] if config.environment.name else []}[section]
+            "environment": [config.environment.name] if config.environment.name else [],
+            "data": [config.data.source]}[section]
 
 
 def _keyed_by_name(config: Config, section: str) -> bool:

@@ -44,6 +44,7 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...
     check_moved_keys(data)
     _one_file_lists(data)
     _drop_disabled_parts(data, overrides)
+    _one_run_length(data, overrides)
     tables = _pop_component_tables(data)
     check_keys(data, Config, root=Config)
     config = structure_as(data, Config).validate()
@@ -71,6 +72,18 @@ def _drop_disabled_parts(data: dict[str, Any], overrides: list[str] | tuple[str,
             del node[key]
         if ignored:
             print(f"warning: {part}.enable=false: ignoring {', '.join(f'{part}.{k}' for k in ignored)} "
+                  "set in the config file", file=sys.stderr)
+
+
+def _one_run_length(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
+    """An override of trainer.total_epochs or trainer.total_steps wins over the file's other one (dropped
+    with a warning), so `trainer.total_epochs=2` works on a config file that counts steps."""
+    from_overrides = {o.partition("=")[0].strip() for o in overrides}
+    node = data.get("trainer")
+    for given, other in (("total_epochs", "total_steps"), ("total_steps", "total_epochs")):
+        if (isinstance(node, dict) and f"trainer.{given}" in from_overrides and other in node
+                and f"trainer.{other}" not in from_overrides):
+            print(f"warning: trainer.{given} is overridden: ignoring trainer.{other} = {node.pop(other)!r} "
                   "set in the config file", file=sys.stderr)
 
 

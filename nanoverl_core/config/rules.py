@@ -33,6 +33,11 @@ def _changed_fields(obj: Any, default: Any, ignore: set[str]) -> list[str]:
 
 def trainer_rules(config: Config) -> None:
     t = config.trainer
+    if t.total_epochs and t.total_steps is not None:
+        raise ConfigError(f"trainer.total_epochs = {t.total_epochs} and trainer.total_steps = {t.total_steps} are "
+                          "both set; set one: a number of passes over the training rows, or of steps")
+    if t.total_steps is None and not t.total_epochs:
+        raise ConfigError("trainer.total_steps is unset and trainer.total_epochs = 0; set one of them")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
         raise ConfigError(f"trainer.device = {t.device!r} is not a supported device; use auto, cpu, cuda or cuda:N")
 
@@ -138,6 +143,12 @@ def _reward_component_rules(rw: Any) -> None:
 
 
 def data_file_rules(config: Config) -> None:
+    if config.data.source != "files":
+        given = [k for k in ("train_files", "val_files") if getattr(config.data, k)]
+        if given:
+            raise ConfigError(f"data.{given[0]} is set but data.source = {config.data.source!r} draws its own rows; "
+                              "remove the files, or set data.source = \"files\"")
+        return
     if not config.data.train_files:
         raise ConfigError("data.train_files is empty; name at least one jsonl / json / parquet file, in a "
                           "--config file or as an override (data.train_files=train.parquet)")

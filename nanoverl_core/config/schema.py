@@ -46,8 +46,17 @@ def _settings(**kwargs):
 
 @attrs.define
 class TrainerConfig:
-    total_steps: int = attrs.field(default=100, validator=at_least(1))
-    """Trainer steps (one rollout batch and one policy update each)."""
+    total_epochs: int = attrs.field(default=0, validator=at_least(0))
+    """Passes over the training rows, instead of total_steps (0: unused): the run takes total_epochs *
+    (training rows // data.batch_size) steps, counted once the data is loaded (after
+    data.max_prompt_length drops prompts); a generated source's rows are [data.<source>] size."""
+    total_steps: int | None = attrs.field(validator=at_least(1, optional=True))
+    """Trainer steps (one rollout batch and one policy update each); 100 when neither it nor total_epochs
+    is set, None until the data is loaded when total_epochs is."""
+
+    @total_steps.default
+    def _total_steps_default(self) -> int | None:
+        return None if self.total_epochs else 100
     seed: int = attrs.field(default=0, validator=between(0, 2**32 - 1))
     """Seeds python, numpy and torch; every run with the same seed and config is identical on CPU."""
     output_dir: str = attrs.field(default="runs/demo", validator=folder)
@@ -81,10 +90,14 @@ class TrainerConfig:
 
 @attrs.define
 class DataConfig:
+    source: str = "files"
+    """Where the prompts come from: a registered data source (`nanoverl-train plugins` lists them); "files"
+    reads train_files and val_files, a generator (e.g. reasoning_gym) draws rows from its [data.<source>]
+    settings."""
     train_files: list[str] = attrs.Factory(list)
-    """jsonl / json / parquet files of training prompts, loaded with `datasets`."""
+    """jsonl / json / parquet files of training prompts, loaded with `datasets` (data.source = "files")."""
     val_files: list[str] = attrs.Factory(list)
-    """Validation files; empty disables validation."""
+    """Validation files; empty disables validation (data.source = "files")."""
     prompt_key: str = "prompt"
     """Column holding the prompt: a string, or a chat message list rendered with the chat template."""
     data_source_key: str = "data_source"
@@ -100,6 +113,8 @@ class DataConfig:
     apply_chat_template: bool = True
     """Render chat-format prompts through the tokenizer's chat template (a tokenizer without one is an
     error); false joins the messages' contents with newlines."""
+    settings: Any = _settings()
+    """The selected data source's own settings, written as [data.<source>] (see `component_settings`)."""
 
 
 TargetModules = str | list[str]

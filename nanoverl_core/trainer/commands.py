@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..config import Config, config_from_dict, drop_moved_keys
-from ..data import load_prompts
+from ..data import load_split
 from ..dist import is_rank0
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
@@ -32,7 +32,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
     """{"model", "checkpoint", "prompts", "results": {decoding: metrics}} for the base model or `checkpoint`.
     With `samples`, every scored sample also goes to that jsonl file, one object a line: decoding, index,
     data_source, prompt, response, score and the data row (its ground truth), for scripts/compare_scorers.py."""
-    if not config.data.val_files:
+    if config.data.source == "files" and not config.data.val_files:
         raise ConfigError("data.val_files is empty; eval scores the config's validation prompts, name at least one file")
     if samples is not None and not samples.parent.is_dir():
         raise ConfigError(f"--samples {samples}: the folder {samples.parent} does not exist; create it or name "
@@ -50,8 +50,11 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
             with reading_checkpoint(ckpt):
                 workers.actor.load(ckpt / "actor")
             rollout.sync_weights(workers.actor)
-        data = load_prompts(config.data.val_files, config.data, workers.tokenizer, "data.val_files",
-                            tools=prompt_tools(plugins))
+        data = load_split(plugins["data_source"](config), "val", config.data, workers.tokenizer,
+                          tools=prompt_tools(plugins))
+        if data is None:
+            raise ConfigError(f"data.source = {config.data.source!r} gives no validation rows; eval scores the "
+                              f"validation prompts: set its validation size in [data.{config.data.source}]")
         rows: list[dict] | None = [] if samples is not None else None
         results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data, rows)
         if samples is not None and is_rank0():  # every rank scores every sample; one writes them

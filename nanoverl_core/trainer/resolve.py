@@ -30,8 +30,12 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     check = getattr(estimator, "check_config", None)    # what else it needs of the config (a ConfigError if not)
     if check is not None:
         check(config)
+    source = registry.get("data_source", config.data.source, key="data.source")
+    check = getattr(source, "check_config", None)       # bad generator settings, before anything is written
+    if check is not None:
+        check(config)
     env = config.environment
-    resolved = {"estimator": estimator,
+    resolved = {"estimator": estimator, "data_source": source,
                 "reward": RewardScorer(config.reward, registry, run_dir=config.trainer.output_dir,
                                        max_new_tokens=config.rollout.max_new_tokens,
                                        score_answer=not env.name or env.score_answer,
@@ -92,8 +96,8 @@ def _check_lora_worker(config: Config, registry: Registry) -> None:
 
 def describe(config: Config, registry: Registry) -> dict[str, Any]:
     """What --dry-run prints: the resolved config and which distribution provides each chosen name."""
-    resolve_plugins(config, registry, import_backends=False)
-    chosen = [("worker", config.worker.name), ("rollout", config.rollout.name),
+    plugins = resolve_plugins(config, registry, import_backends=False)
+    chosen = [("data_source", config.data.source), ("worker", config.worker.name), ("rollout", config.rollout.name),
               ("advantage_estimator", config.algorithm.advantage_estimator), ("policy_loss", config.actor.policy_loss)]
     if config.reward.components:
         chosen += [("reward", c.name) for c in config.reward.components if not c.file]
@@ -101,9 +105,21 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
         chosen.append(("reward", config.reward.name))
     chosen += [("tracker", name) for name in config.tracking.trackers]
     chosen += [("environment", config.environment.name)] if config.environment.name else []
-    return {"config": config.to_dict(),
-            "plugins": [{"kind": k, "name": n, "provider": registry.entry(k, n).provider} for k, n in chosen],
-            "versions": registry.versions()}
+    out = {"config": config.to_dict(),
+           "plugins": [{"kind": k, "name": n, "provider": registry.entry(k, n).provider} for k, n in chosen],
+           "versions": registry.versions()}
+    if config.trainer.total_epochs:
+        out["schedule"] = epoch_schedule(config, plugins["data_source"])
+    return out
+
+
+def epoch_schedule(config: Config, make_source) -> dict[str, Any]:
+    """trainer.total_epochs as steps, from the training rows of epoch 0 as the source gives them (the run
+    counts them after data.max_prompt_length, and for a generated source the validation prompts, drop some)."""
+    rows = sum(1 for _ in make_source(config).rows("train", 0))
+    per_epoch = rows // config.data.batch_size
+    return {"total_epochs": config.trainer.total_epochs, "train_rows": rows, "steps_per_epoch": per_epoch,
+            "total_steps": config.trainer.total_epochs * per_epoch}
 
 
 def check_rollout_log_probs(config: Config, rollout) -> None:

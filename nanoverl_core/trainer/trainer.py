@@ -36,7 +36,7 @@ from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_unifor
                      make_kl_controller, masked_mean, uniform_groups)
 from ..batch import RLBatch
 from ..config import Config
-from ..data import StatefulSampler, collate, load_prompts
+from ..data import PromptLoader, load_split
 from ..dist import fork_rng, is_rank0, seed_everything, shard_rollout
 from ..errors import ConfigError
 from ..env import episode_metrics
@@ -86,10 +86,17 @@ class Trainer:
         self.rollout = build_rollout(plugins, cfg, self.workers)                  # multi-turn with an environment
         check_rollout_log_probs(cfg, self.rollout)
         tools = prompt_tools(plugins)                                              # a tool environment's
-        self.train_data = load_prompts(cfg.data.train_files, cfg.data, self.tokenizer, tools=tools)
-        self.val_data = load_prompts(cfg.data.val_files, cfg.data, self.tokenizer, "data.val_files", tools=tools) \
-            if cfg.data.val_files else None
-        self.sampler = StatefulSampler(len(self.train_data), cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
+        source = plugins["data_source"](cfg)                                      # data.source: files or a generator
+        self.val_data = load_split(source, "val", cfg.data, self.tokenizer, tools=tools)
+        if self.val_data is None and cfg.trainer.eval_before_after:
+            raise ConfigError(f"trainer.eval_before_after = true evaluates on the validation rows, but data.source = "
+                              f"{cfg.data.source!r} gives none; give it validation rows (its [data.{cfg.data.source}] "
+                              "settings) or set trainer.eval_before_after = false")
+        self.loader = PromptLoader(source, cfg.data, self.tokenizer, cfg.trainer.seed, tools=tools,
+                                   exclude=frozenset(self.val_data.texts if self.val_data else ()))
+        self.sampler = self.loader.sampler                                        # its state goes into checkpoints
+        if cfg.trainer.total_epochs:                                              # steps, now that rows are counted
+            cfg.trainer.total_steps = cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.kl_ctrl = make_kl_controller(cfg.algorithm)
         # One on-policy optimizer step per batch: pi_old *is* the policy being updated, so the update
         # takes its old log-probs from its own forward pass (detached) and step 5 costs nothing.
@@ -261,8 +268,7 @@ class Trainer:
                            "remax/baseline_prompts": float(len(prompts))}
 
     def next_batch(self) -> RLBatch:
-        indices = self.sampler.next_indices()
-        return collate(self.train_data, indices, self.tokenizer.pad_token_id, self.config.data.data_source_key)
+        return self.loader.next_batch(self.tokenizer.pad_token_id)
 
     def generate(self, batch: RLBatch, gen_round: int = 0) -> RLBatch:
         """Responses for every row. Under torchrun each rank samples its share of the rows and every

@@ -78,14 +78,17 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_updates: int):
-    """Linear warm-up, then constant / cosine / linear decay to min_lr_ratio at the last update."""
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_updates: int | Callable[[], int]):
+    """Linear warm-up, then constant / cosine / linear decay to min_lr_ratio at the last update.
+    `total_updates` may be a function, read at each step: with trainer.total_epochs the step count is
+    known only once the data is loaded, after the workers are built."""
     def factor(step: int) -> float:
+        total = total_updates() if callable(total_updates) else total_updates
         if cfg.warmup_steps and step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
         if cfg.lr_schedule == "constant":
             return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_updates - cfg.warmup_steps))
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
         decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1 - progress
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -121,7 +124,8 @@ class _TorchWorker:
             self.optimizer = torch.optim.AdamW(self.weights.parameters(module), lr=section.lr,
                                                betas=tuple(section.betas), weight_decay=section.weight_decay)
             updates_per_step = section.ppo_epochs * (config.data.batch_size // mini_batch_prompts)
-            self.scheduler = build_scheduler(self.optimizer, section, config.trainer.total_steps * updates_per_step)
+            self.scheduler = build_scheduler(self.optimizer, section,
+                                             lambda: (config.trainer.total_steps or 0) * updates_per_step)
         else:
             module.requires_grad_(False)
 

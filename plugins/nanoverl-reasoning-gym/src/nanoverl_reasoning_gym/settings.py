@@ -1,0 +1,44 @@
+"""[data.reasoning_gym] and [reward.reasoning_gym]: attrs classes, a default and a docstring per field
+(no reasoning_gym or torch import: checking a config's keys stays fast)."""
+
+from typing import Any
+
+import attrs
+
+
+@attrs.define
+class TaskSpec:
+    """One task of the mixture: [[data.reasoning_gym.tasks]]."""
+
+    name: str = ""
+    """A Reasoning Gym dataset name (`reasoning_gym.factory.DATASETS`), e.g. "chain_sum"."""
+    weight: float = 1.0
+    """Its share of the rows: weight / the sum of the tasks' weights (positive)."""
+    params: dict[str, Any] = attrs.Factory(dict)
+    """The task's config fields (its difficulty: min_terms, max_digits, ...), checked by the task's own
+    config class and its validate(); seed and size come from [data.reasoning_gym]."""
+
+
+@attrs.define
+class ReasoningGymSettings:
+    tasks: list[TaskSpec] = attrs.Factory(list)
+    """The tasks and their mixture weights and parameters (at least one)."""
+    size: int = attrs.field(default=1000, validator=attrs.validators.gt(0))
+    """Training rows per epoch (fresh rows every epoch, drawn from (seed, epoch))."""
+    seed: int = 0
+    """Seed of the training rows."""
+    val_size: int = attrs.field(default=100, validator=attrs.validators.ge(0))
+    """Validation rows (0: no validation); a training row with a validation row's question is skipped."""
+    val_seed: int = 1
+    """Seed of the validation rows (its own stream, whatever seed is)."""
+    system_prompt: str = "default"
+    """The system message: a name of reasoning_gym.utils.SYSTEM_PROMPTS ("default", "DeepSeekZero", "simple",
+    "direct", "chain_of_draft"; they ask for the answer in <answer> tags), any other text as it is, or ""
+    for none (the prompt is then the question alone)."""
+
+
+@attrs.define
+class ReasoningGymRewardSettings:
+    answer_tag: str = "answer"
+    """The answer is the text of the last <answer_tag>...</answer_tag> in the response (reasoning_gym's
+    extract_answer; none scores the task's score of no answer, 0); "" scores the whole stripped response."""
