@@ -217,8 +217,11 @@ def test_every_number_of_the_core_and_the_first_party_plugins_declares_its_domai
         out = []
         for name, field in user_fields(cls).items():
             ftype = typing.get_type_hints(cls).get(name, field.type)
+            (item,) = typing.get_args(ftype) if typing.get_origin(ftype) is list else (None,)
             if isinstance(ftype, type) and attrs.has(ftype):
                 out += numbers(ftype, f"{prefix}{name}.")
+            elif isinstance(item, type) and attrs.has(item):          # [[reward.components]], a source's tasks
+                out += numbers(item, f"{prefix}{name}[].")
             elif typing.get_origin(ftype) is not list and ftype is not bool and \
                     set(typing.get_args(ftype) or (ftype,)) - {type(None)} <= {int, float}:
                 out.append((f"{prefix}{name}", field))

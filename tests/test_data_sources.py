@@ -108,7 +108,7 @@ def test_total_epochs_and_total_steps_together_is_one_line_naming_both(tmp_path)
     assert_user_error(run_cli("--config", str(config), "--dry-run"),
                       "trainer.total_epochs = 2 and trainer.total_steps = 150 are both set")
     assert_user_error(run_cli("--config", REINFORCE, "--dry-run", "trainer.total_epochs=-1"),
-                      "trainer.total_epochs = -1 must not be negative")
+                      "'trainer.total_epochs': -1 is not an integer >= 0")
 
 
 # ---- a generator through the command line ----------------------------------------------------------

@@ -5,6 +5,8 @@ from typing import Any
 
 import attrs
 
+from nanoverl_core.config import above, at_least, between
+
 
 @attrs.define
 class TaskSpec:
@@ -12,7 +14,7 @@ class TaskSpec:
 
     name: str = ""
     """A Reasoning Gym dataset name (`reasoning_gym.factory.DATASETS`), e.g. "chain_sum"."""
-    weight: float = 1.0
+    weight: float = attrs.field(default=1.0, validator=above(0))
     """Its share of the rows: weight / the sum of the tasks' weights (positive)."""
     params: dict[str, Any] = attrs.Factory(dict)
     """The task's config fields (its difficulty: min_terms, max_digits, ...), checked by the task's own
@@ -23,13 +25,13 @@ class TaskSpec:
 class ReasoningGymSettings:
     tasks: list[TaskSpec] = attrs.Factory(list)
     """The tasks and their mixture weights and parameters (at least one)."""
-    size: int = attrs.field(default=1000, validator=attrs.validators.gt(0))
+    size: int = attrs.field(default=1000, validator=at_least(1))
     """Training rows per epoch (fresh rows every epoch, drawn from (seed, epoch))."""
-    seed: int = 0
+    seed: int = attrs.field(default=0, validator=between(0, 2**32 - 1))
     """Seed of the training rows."""
-    val_size: int = attrs.field(default=100, validator=attrs.validators.ge(0))
+    val_size: int = attrs.field(default=100, validator=at_least(0))
     """Validation rows (0: no validation); a training row with a validation row's question is skipped."""
-    val_seed: int = 1
+    val_seed: int = attrs.field(default=1, validator=between(0, 2**32 - 1))
     """Seed of the validation rows (its own stream, whatever seed is)."""
     system_prompt: str = "default"
     """The system message: a name of reasoning_gym.utils.SYSTEM_PROMPTS ("default", "DeepSeekZero", "simple",
