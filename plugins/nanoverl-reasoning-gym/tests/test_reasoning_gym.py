@@ -85,7 +85,7 @@ def test_the_reward_is_the_tasks_own_verifier_on_the_tagged_answer():
     ("data.reasoning_gym.tasks=[{name: chain_sum, params: {min_terms: 0, max_digits: 2}}]",
      ["tasks[0].params.min_terms = 0", "out of range for task 'chain_sum'", "min_terms must be positive"]),
     ("data.reasoning_gym.tasks=[]", ["[data.reasoning_gym] tasks is empty"]),
-    ("data.reasoning_gym.tasks=[{name: gcd, weight: 0}]", ["tasks[0].weight = 0.0 (task 'gcd') must be positive"]),
+    ("data.reasoning_gym.tasks=[{name: gcd, weight: 0}]", ["'data.reasoning_gym.tasks[0].weight': 0.0 is not a finite number > 0"]),
 ])
 def test_bad_settings_exit_2_with_one_line_before_anything_is_written(tmp_path, override, needles):
     run_dir = tmp_path / "run"

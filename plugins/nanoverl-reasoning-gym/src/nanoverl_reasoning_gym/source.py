@@ -109,8 +109,6 @@ def check_config(config) -> None:
             raise ConfigError(f"{key}.name = {task.name!r} is not a Reasoning Gym task; did you mean {close[0]!r}? "
                               f"({len(names)} tasks: python -c \"import reasoning_gym.factory as f; "
                               "print(sorted(f.DATASETS))\")")
-        if not task.weight > 0:
-            raise ConfigError(f"{key}.weight = {task.weight} (task {task.name!r}) must be positive")
         config_cls = DATASETS[task.name][1]
         fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
         for param in task.params:
