@@ -107,6 +107,9 @@ def test_path_keys_of_the_wrong_kind_exit_2_before_anything_is_written(tmp_path)
     assert_user_error(run_cli("--config", str(components), *FAST),
                       "'reward.components[0].file'", "not a Python module")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "c.toml"]
+    assert_user_error(run_cli("--config", REINFORCE, *FAST, f"data.train_files=[{tmp_path}]",
+                              f"trainer.output_dir={tmp_path / 'run'}"),
+                      "data.train_files", "is a folder, not a data file")  # once "does not exist"
 
 
 # ---- model --------------------------------------------------------------------------------------
