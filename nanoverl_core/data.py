@@ -49,7 +49,8 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
         path = Path(name)
         if not path.is_file():
             if path.is_dir():
-                raise DataError(f"{key}: {name} is a folder, not a data file; name the jsonl / json / parquet files in it")
+                raise DataError(f"{key}: {name} is a folder, not a data file; name the jsonl / json / parquet "
+                                "files in it")
             raise DataError(f"{key}: data file {name} does not exist; check the path")
         fmt = _FORMATS.get(path.suffix)
         if fmt is None:
