@@ -57,7 +57,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
                               f"validation prompts: set its validation size in [data.{config.data.source}]")
         rows: list[dict] | None = [] if samples is not None else None
         results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data, rows)
-        if samples is not None and is_rank0():  # every rank scores every sample; one writes them
+        if samples is not None and is_rank0():  # every rank holds every score (gathered); one writes them
             samples.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
     finally:
         rollout.close()
