@@ -12,6 +12,7 @@ Exit status: 0 success; 2 a user error (one `error:` line on stderr, no tracebac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -97,9 +98,25 @@ def cmd_eval(argv: list[str]) -> int:
     config = load_config(args.config, args.overrides, registry=registry)
     from .trainer.commands import run_eval
     from .trainer.validation import format_eval
-    report = run_eval(config, registry, args.checkpoint, args.samples)
+    with stdout_to_stderr() if args.json else contextlib.nullcontext():  # --json: stdout holds the JSON alone
+        report = run_eval(config, registry, args.checkpoint, args.samples)
     print(json.dumps(report, indent=2) if args.json else format_eval(report))
     return 0
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """File descriptor 1 goes to stderr while the block runs, for this process and every process it starts
+    (vLLM's engine core logs to stdout), so what the command prints after it is all that stdout holds."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def cmd_export(argv: list[str]) -> int:

@@ -111,3 +111,19 @@ def test_eval_samples_writes_every_scored_sample_with_its_data_row(tmp_path):
         assert metrics["reward/mean"] == pytest.approx(sum(scores) / len(scores))
     missing = run_cli(*args[:5], str(tmp_path / "nowhere" / "samples.jsonl"), *args[6:], timeout=300)
     assert_user_error(missing, "--samples", "does not exist")
+
+
+def test_eval_json_stdout_holds_the_json_alone_whatever_prints(tmp_path):
+    """`eval --json | jq` works even when a component prints to stdout, in the trainer or in a process it
+    starts (vLLM's engine core logs there): during the evaluation fd 1 goes to stderr."""
+    reward = tmp_path / "noisy.py"
+    reward.write_text("import os, subprocess, sys\nprint('noise at import')\n\n"
+                      "def compute_score(prompt, response, sample):\n"
+                      "    print('noise in a call')\n"
+                      "    subprocess.run([sys.executable, '-c', 'print(\"noise from a child\")'])\n"
+                      "    return 1.0\n")
+    proc = run_cli("eval", "--config", str(EXAMPLES / "debug_reinforce.toml"), "--json", "data.val_batch_size=8",
+                   f"reward.file={reward}", "reward.workers=0", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["results"]["greedy"]["reward/mean"] == 1.0
+    assert all(noise in proc.stderr for noise in ("noise at import", "noise in a call", "noise from a child"))
