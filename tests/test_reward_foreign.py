@@ -139,3 +139,13 @@ def test_a_verl_scorer_with_an_unknown_required_argument_exits_2_from_the_cli(tm
     bad.write_text("def compute_score(solution_str, ground_truth, tokenizer):\n    return 0.0\n")
     proc = run_cli("--config", str(EXAMPLES / "debug_reinforce.toml"), f"reward.file={bad}", "--dry-run")
     assert_user_error(proc, "requires tokenizer", "data_source, solution_str, ground_truth, extra_info")
+
+
+def test_a_batched_reward_is_not_called_for_an_empty_share():
+    """Under torchrun a rank's share of the rows may be empty (fewer rows than ranks): no call, no rows."""
+    from nanoverl_core.reward.calls import ComponentSpec, call_batched
+
+    def never(prompts, completions, **kwargs):
+        raise AssertionError("called with no rows")
+
+    assert call_batched(never, "trl", ComponentSpec("never"), [], "prompt") == []

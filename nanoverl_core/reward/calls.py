@@ -226,7 +226,10 @@ BATCHED_STYLES = ("batched", "trl")
 
 def call_batched(fn: Callable, style: str, spec: ComponentSpec, calls: list[tuple], prompt_key: str) -> list[tuple]:
     """A batched reward's outcomes ("ok", score, extra) | (kind, message, None) for every row of `calls`
-    ((prompt, response, row, data_source) each), from one call with lists, in the current process."""
+    ((prompt, response, row, data_source) each), from one call with lists, in the current process. No rows
+    (a rank whose share is empty): no call."""
+    if not calls:
+        return []
     prompts, responses, rows, _ = (list(x) for x in zip(*calls))
     trl = style == "trl"
     try:

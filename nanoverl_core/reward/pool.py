@@ -76,8 +76,8 @@ def _serve(fd: int, parent: int) -> int:
             except MemoryError:
                 result = ("memory", "ran out of memory (MemoryError)", None)
             conn.send((key, *result))
-            if result[0] == "memory" or result[0] == "ok" and styles[c] in BATCHED_STYLES and any(
-                    row[0] == "memory" for row in result[1]):  # the heap may hold the leak: start a fresh worker
+            rows = result[1] if result[0] == "ok" and styles[c] in BATCHED_STYLES else [result]
+            if any(row[0] == "memory" for row in rows):  # the heap may hold the leak: start a fresh worker
                 return 0
 
 
