@@ -3,6 +3,7 @@
     from nanoverl_core.testing import check_actor, check_rollout, check_same_run, prompt_batch
     from nanoverl_core.testing import assert_same_adam_step        # two updates that should agree
     from nanoverl_core.testing import with_loss_mask               # a hand-built batch's loss_mask
+    from nanoverl_core.testing import assert_user_error            # the CLI's error contract
 
     batch = prompt_batch(workers.tokenizer, ["12=", "345="], n=2)
     batch.update(check_rollout(rollout, batch, max_new_tokens=4))    # returns one sampled output
@@ -262,3 +263,15 @@ def check_same_run(reference: Path, other: Path, *, atol: float = 1e-5, rtol: fl
         if (reference / "rollouts" / f"step_{step}.jsonl").is_file():
             assert rows(other, step) == rows(reference, step), f"step {step}: different samples"
     return compared
+
+
+def assert_user_error(proc, *needles: str) -> str:
+    """A finished `nanoverl-train` process (subprocess.run's result) kept the error contract: exit 2,
+    exactly one stderr line starting with `error:` holding every needle, no traceback. Returns that line."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]

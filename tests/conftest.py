@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from nanoverl_core.testing import assert_user_error  # noqa: F401  (tests import it from here)
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = ROOT / "examples" / "configs"
@@ -63,15 +65,6 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def assert_user_error(proc, *needles: str) -> str:
-    """Exit 2, exactly one stderr line starting with `error:`, no traceback; returns that line."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def replay_steps(worker, params_after: list, replay: list | None = None) -> None:

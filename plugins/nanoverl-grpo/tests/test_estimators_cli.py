@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from nanoverl_core.testing import assert_user_error
+
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples" / "configs"
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
@@ -38,14 +40,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
-def assert_user_error(proc, *needles: str) -> None:
-    """Exit 2, exactly one stderr line starting with `error:` holding every needle, no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

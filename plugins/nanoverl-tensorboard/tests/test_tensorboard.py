@@ -19,6 +19,8 @@ pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader  # noqa: E402
 
+from nanoverl_core.testing import assert_user_error  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[3]
 REINFORCE = str(ROOT / "examples" / "configs" / "debug_reinforce.toml")
 SHORT = ["trainer.progress=none", "data.batch_size=4", "rollout.n=4"]
@@ -34,15 +36,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           capture_output=True, text=True, timeout=300)
 
 
-def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """Exit 2, exactly one stderr line starting with `error:`, no traceback; returns that line."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("wandb")
+from nanoverl_core.testing import assert_user_error  # noqa: E402
 from nanoverl_wandb.tracker import last_logged_step  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,15 +52,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     return subprocess.run(cli(*args), cwd=ROOT, env=env or cli_env(), capture_output=True, text=True, timeout=300)
 
 
-def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """Exit 2, exactly one stderr line starting with `error:`, no traceback; returns that line."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def numeric_history(run_dir: Path) -> dict[int, dict[str, float]]:
