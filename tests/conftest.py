@@ -65,6 +65,22 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_identical_runs(reference: Path, run_dir: Path, checkpoint: str | None = None) -> None:
+    """A resumed run ended as the uninterrupted one did: metrics.jsonl equal line for line (timing/ and
+    throughput/ aside) and, with `checkpoint` ("step_000008"), the same actor weights bit for bit there."""
+    def without_timing(folder: Path) -> list[str]:  # as JSON text: key order counts, and NaN equals NaN
+        return [json.dumps({k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))})
+                for r in read_metrics(folder)]
+    assert without_timing(run_dir) == without_timing(reference)
+    if checkpoint is not None:
+        import torch
+        from safetensors.torch import load_file
+
+        a, b = (load_file(str(d / "checkpoints" / checkpoint / "actor" / "model.safetensors"))
+                for d in (reference, run_dir))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 
 
 def replay_steps(worker, params_after: list, replay: list | None = None) -> None:

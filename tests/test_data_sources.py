@@ -12,10 +12,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from conftest import EXAMPLES, ROOT, assert_user_error, read_metrics, run_cli, with_plugins
+from conftest import EXAMPLES, ROOT, assert_identical_runs, assert_user_error, read_metrics, run_cli, with_plugins
 from nanoverl_core.builtins.debug import CharTokenizer
 from nanoverl_core.config import DataConfig
 from nanoverl_core.data import PromptLoader, load_split
@@ -178,12 +176,7 @@ def test_a_run_on_a_generated_source_killed_mid_step_resumes_to_the_identical_ru
     resumed = run_cli(*args, f"trainer.output_dir={run_dir}", env=env)
     assert resumed.returncode == 0 and "(step 4)" in resumed.stderr, resumed.stderr[-3000:]
 
-    def without_timing(folder):
-        return [json.dumps({k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))})
-                for r in read_metrics(folder)]
-    assert without_timing(run_dir) == without_timing(reference)
-    a, b = (load_file(str(d / "checkpoints" / "step_000008" / "actor" / "model.safetensors")) for d in (reference, run_dir))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_identical_runs(reference, run_dir, "step_000008")
 
 
 def test_bad_generator_settings_exit_2_before_anything_is_written(plugin_site, tmp_path):

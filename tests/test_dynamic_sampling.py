@@ -4,16 +4,14 @@ rounds ran (`Trainer.generate_until_full`); the loader's state stays exact, so k
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from conftest import EXAMPLES, ROOT, assert_user_error, cli_env, read_metrics, run_cli
+from conftest import EXAMPLES, ROOT, assert_identical_runs, assert_user_error, cli_env, read_metrics, run_cli
 from nanoverl_core import RLBatch, load_config, load_registry
 from nanoverl_core.algos import first_groups
 from nanoverl_core.reward.scoring import place_scores
@@ -185,9 +183,4 @@ def test_a_refilled_run_killed_mid_refill_resumes_to_the_identical_run(tmp_path)
     resumed = run_cli(*args, f"trainer.output_dir={run_dir}")
     assert resumed.returncode == 0 and f"(step {killed_at - 1})" in resumed.stderr, resumed.stderr[-3000:]
 
-    def without_timing(folder):
-        return [json.dumps({k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))})
-                for r in read_metrics(folder)]
-    assert without_timing(run_dir) == without_timing(reference)
-    a, b = (load_file(str(d / "checkpoints" / "step_000006" / "actor" / "model.safetensors")) for d in (reference, run_dir))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_identical_runs(reference, run_dir, "step_000006")

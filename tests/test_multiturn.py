@@ -12,7 +12,7 @@ import attrs
 import pytest
 import torch
 
-from conftest import EXAMPLES, ROOT, assert_user_error, cli_env, read_metrics, run_cli
+from conftest import EXAMPLES, ROOT, assert_identical_runs, assert_user_error, cli_env, read_metrics, run_cli
 from nanoverl_core.batch import RLBatch
 from nanoverl_core.builtins.debug import make_rollout, make_workers
 from nanoverl_core.builtins.debug_settings import DebugRolloutSettings
@@ -287,10 +287,7 @@ def test_a_sigkill_mid_episode_resumes_to_the_identical_run(tmp_path):
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     resumed = run_cli(*args, f"trainer.output_dir={run_dir}")
     assert resumed.returncode == 0 and "(step 2)" in resumed.stderr, resumed.stderr[-2000:]
-
-    def rows(folder):
-        return [{k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))} for r in read_metrics(folder)]
-    assert rows(run_dir) == rows(tmp_path / "reference")
+    assert_identical_runs(tmp_path / "reference", run_dir)
 
 
 def test_tool_calls_are_parsed_run_and_malformed_ones_answered():
