@@ -214,9 +214,9 @@ def test_every_number_of_the_core_and_the_first_party_plugins_declares_its_domai
     from nanoverl_core.config.domains import domain_of
 
     def numbers(cls: type, prefix: str) -> list[tuple[str, attrs.Attribute]]:
-        out = []
+        out, hints = [], typing.get_type_hints(cls)
         for name, field in user_fields(cls).items():
-            ftype = typing.get_type_hints(cls).get(name, field.type)
+            ftype = hints.get(name, field.type)
             (item,) = typing.get_args(ftype) if typing.get_origin(ftype) is list else (None,)
             if isinstance(ftype, type) and attrs.has(ftype):
                 out += numbers(ftype, f"{prefix}{name}.")
