@@ -66,3 +66,12 @@ def death(proc: subprocess.Popen, what: str) -> str:
         except ValueError:
             return f"{what} was killed by signal {-code}"
     return f"{what} exited with status {code} (os._exit or a crash)"
+
+
+def resident_mib() -> float | None:
+    """This process's resident memory now, in MiB (Linux /proc/self/statm; None where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None

@@ -29,6 +29,15 @@ from .batch import RLBatch
 from .protocols import Actor, PolicyLoss, Rollout
 from .rollout import SamplingParams
 
+MACHINE_METRICS = ("timing/", "throughput/", "perf/")
+"""Prefixes of the metrics that measure the machine (seconds, tokens/s, resident memory): they differ
+between any two runs, so comparisons of runs leave them out."""
+
+
+def without_machine_metrics(row: dict) -> dict:
+    """A metrics.jsonl row without the keys under MACHINE_METRICS."""
+    return {k: v for k, v in row.items() if not k.startswith(MACHINE_METRICS)}
+
 
 def prompt_batch(tokenizer, texts: list[str], n: int = 1) -> RLBatch:
     """Left-padded `prompts` / `prompt_mask` (B, P) for `texts`, each repeated n times (one uid per text)."""
@@ -238,7 +247,7 @@ def assert_same_adam_step(got: dict, want: dict, grads_got: dict, grads_want: di
 def check_same_run(reference: Path, other: Path, *, atol: float = 1e-5, rtol: float = 1e-5) -> int:
     """Two run directories of one config on different backends or rank counts (one process and 2
     torchrun ranks, say) logged the same run: the same steps, every step's metrics within atol + rtol
-    (timing/ and throughput/ aside; a step logged twice, before a kill and after the resume, counts
+    (MACHINE_METRICS aside; a step logged twice, before a kill and after the resume, counts
     its last line), and the same (prompt, response) rows in rollouts/. Returns the values compared."""
     def steps(run: Path) -> dict[int, dict]:
         return {row["step"]: row for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
@@ -248,7 +257,7 @@ def check_same_run(reference: Path, other: Path, *, atol: float = 1e-5, rtol: fl
         return [(row["prompt"], row["response"]) for row in map(json.loads, lines)]
 
     def compared_keys(row: dict) -> set[str]:
-        return {k for k in row if k != "step" and not k.startswith(("timing/", "throughput/"))}
+        return {k for k in row if k != "step" and not k.startswith(MACHINE_METRICS)}
 
     want, got = steps(reference), steps(other)
     assert sorted(want) == sorted(got), f"steps {sorted(want)} vs {sorted(got)}"

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from nanoverl_core.testing import without_machine_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "configs" / "debug_ppo.toml"
 COMMON = ["trainer.progress=none", "trainer.save_every=1", "trainer.keep_checkpoints=2", "trainer.val_every=4",
@@ -51,7 +53,7 @@ def command(run_dir: Path, steps: int) -> list[str]:
 def metric_rows(run_dir: Path) -> list[dict]:
     """metrics.jsonl without the wall-clock keys, which differ between any two runs."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))} for r in rows]
+    return [without_machine_metrics(r) for r in rows]
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nanoverl_core.testing import assert_user_error  # noqa: F401  (tests import it from here)
+from nanoverl_core.testing import without_machine_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -66,10 +67,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def assert_identical_runs(reference: Path, run_dir: Path, checkpoint: str | None = None) -> None:
-    """A resumed run ended as the uninterrupted one did: metrics.jsonl equal line for line (timing/ and
-    throughput/ aside) and, with `checkpoint` ("step_000008"), the same actor weights bit for bit there."""
+    """A resumed run ended as the uninterrupted one did: metrics.jsonl equal line for line (timing/,
+    throughput/ and perf/ aside) and, with `checkpoint` ("step_000008"), the same actor weights bit for bit there."""
     def without_timing(folder: Path) -> list[str]:  # as JSON text: key order counts, and NaN equals NaN
-        return [json.dumps({k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))})
+        return [json.dumps(without_machine_metrics(r))
                 for r in read_metrics(folder)]
     assert without_timing(run_dir) == without_timing(reference)
     if checkpoint is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import EXAMPLES, assert_user_error, read_metrics, run_cli
+from conftest import EXAMPLES, assert_user_error, read_metrics, run_cli, without_machine_metrics
 
 PPO = str(EXAMPLES / "debug_ppo.toml")
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
@@ -12,7 +12,7 @@ QUIET = "trainer.progress=none"
 
 
 def _without_timing(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(("timing/", "throughput/"))}
+    return without_machine_metrics(row)
 
 
 def test_ppo_with_critic_learns_the_copy_task(tmp_path):

@@ -41,6 +41,7 @@ from ..dist import fork_rng, is_rank0, seed_everything, shard_rollout
 from ..errors import ConfigError
 from ..env import episode_metrics
 from ..plugins import Registry
+from ..processes import resident_mib
 from ..rollout import SamplingParams
 from ..workers import NonFiniteError
 from .checkpoint import (checkpoint_root, find_resume, load_checkpoint, read_tracker_states, remove_new_entries,
@@ -410,6 +411,8 @@ def rollout_metrics(batch: RLBatch) -> dict[str, float]:
 
 def batch_metrics(batch: RLBatch, timing: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
     out = {"throughput/tokens_per_s": metrics["rollout/tokens"] / max(timing["step"], 1e-9)}
+    if (rss := resident_mib()) is not None:                 # the trainer process, at the step's end
+        out["perf/rss_mib"] = rss
     if "values" in batch:
         out["critic/values/mean"] = float(masked_mean(batch["values"], batch["loss_mask"]))
         out["critic/returns/mean"] = float(masked_mean(batch["returns"], batch["loss_mask"]))

@@ -17,6 +17,8 @@ import torch
 from conftest import prompt_batch, with_responses
 from test_cli import ENV, NO_GRPO, REPO, train
 
+from nanoverl_core.testing import without_machine_metrics
+
 HAS_PEFT = importlib.util.find_spec("peft") is not None
 needs_peft = pytest.mark.skipif(not HAS_PEFT, reason="needs peft (pip install 'nanoverl-hf[lora]')")
 LORA = ["model.lora.enable=true", "model.lora.rank=4", "model.lora.alpha=8"]
@@ -252,8 +254,7 @@ def test_a_lora_ppo_run_checkpoints_the_adapter_only_and_resumes_exactly(tmp_pat
     assert train(*common, "trainer.total_steps=2", f"trainer.output_dir={half}").returncode == 0
     proc = train(*common, "trainer.total_steps=4", f"trainer.output_dir={half}")
     assert proc.returncode == 0 and "resumed from" in proc.stderr, proc.stderr[-3000:]
-    rows = [[{k: v for k, v in json.loads(line).items() if not k.startswith(("timing/", "throughput/"))}
-             for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (full, half)]
+    rows = [[without_machine_metrics(json.loads(line)) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (full, half)]
     assert [r["step"] for r in rows[1]] == [1, 2, 3, 4] and rows[0] == rows[1]
     assert rows[0][-1]["actor/kl_loss"] > 0                                 # the adapter moved away from the base
     ckpt = full / "checkpoints" / "step_000004"

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("wandb")
-from nanoverl_core.testing import assert_user_error  # noqa: E402
+from nanoverl_core.testing import MACHINE_METRICS, assert_user_error  # noqa: E402
 from nanoverl_wandb.tracker import last_logged_step  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 REINFORCE = str(ROOT / "examples" / "configs" / "debug_reinforce.toml")
 SHORT = ["trainer.progress=none", "data.batch_size=4", "rollout.n=4"]
-WALL_CLOCK = ("timing/", "throughput/")
+WALL_CLOCK = MACHINE_METRICS
 """Metrics that differ between a step and its replay after a resume (everything else is exact)."""
 
 
