@@ -29,7 +29,7 @@ The trainer (`nanoverl_core.trainer`), the CLI and the built-ins are the core's 
 from importlib import import_module
 
 from .config import Config, load_config
-from .errors import ConfigError, DataError, PluginError, RewardError, UserError
+from .errors import ConfigError, DataError, PluginError, RewardError, RolloutError, UserError
 from .hookspecs import hookimpl
 from .plugins import Registry, load_registry
 
@@ -47,4 +47,4 @@ def __getattr__(name: str):
 
 __all__ = ["RLBatch", "Config", "load_config", "hookimpl", "Registry", "load_registry", "SamplingParams",
            "responses_to_batch", "TorchActor", "TorchCritic", "Workers", "UserError", "ConfigError",
-           "DataError", "PluginError", "RewardError", "__version__"]
+           "DataError", "PluginError", "RewardError", "RolloutError", "__version__"]

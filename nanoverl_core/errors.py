@@ -31,6 +31,11 @@ class EpisodeError(UserError):
     cannot be rendered (environment.on_error = "raise")."""
 
 
+class RolloutError(UserError):
+    """A rollout engine failed, and failed again after a restart from the actor's weights: the run stops
+    (the trainer adds which checkpoint a rerun resumes from)."""
+
+
 class CheckpointError(UserError):
     """A checkpoint is missing, incomplete, or cannot be written."""
 

@@ -212,7 +212,7 @@ NOT_CONTRACTS = {
     "attention_dropout", "bos_token_id", "dtype", "save_pretrained", "get_text_config", "head_dim",
     "max_position_embeddings", "num_key_value_heads", "chat_template", "batch_decode",
     # vLLM, MLflow, Reasoning Gym (a task config's validate()) and Python objects
-    "ensure_alive", "error_code", "_metric_objs", "validate", "strerror", "__module__", "__qualname__",
+    "ensure_alive", "resources", "processes", "error_code", "_metric_objs", "validate", "strerror", "__module__", "__qualname__",
     "_validators",  # attrs' and_ validator (a list of validators on a field), searched for a declared domain
     # nanoverl's own objects read defensively (Trainer.rollout before it is built, a partial Config)
     "rollout", "trainer", "total_steps",

@@ -345,3 +345,39 @@ def test_a_damaged_checkpoint_is_refused_with_one_line(reference, tmp_path, dama
         needles = ["has no critic but critic.enable = true"]
     proc = run_cli(*ppo_args(run_dir, steps=STEPS + 1))
     assert_user_error(proc, f"step_{STEPS:06d}", *needles)
+
+
+FAILING_ENGINE = '''
+"""nanoverl-train whose rollout engine fails for good (RolloutError, what the vLLM rollout raises after a
+restart failed too) in the generate call of step 3."""
+import sys
+from nanoverl_core import RolloutError
+from nanoverl_core.builtins.debug import DebugRollout
+from nanoverl_core.cli import main
+
+generate, calls = DebugRollout.generate, []
+
+
+def failing(self, batch, params):
+    calls.append(1)
+    if len(calls) == 3:
+        raise RolloutError("the vLLM engine failed again after a restart (EngineDeadError); the run stops here")
+    return generate(self, batch, params)
+
+
+DebugRollout.generate = failing
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_a_rollout_engine_that_fails_for_good_stops_with_one_line_naming_the_checkpoint(tmp_path):
+    driver, run_dir = tmp_path / "failing_engine.py", tmp_path / "run"
+    driver.write_text(FAILING_ENGINE)
+    args = ["--config", REINFORCE, "trainer.total_steps=4", "trainer.save_every=1", "trainer.val_every=0",
+            "trainer.progress=none", f"trainer.output_dir={run_dir}"]
+    proc = subprocess.run([sys.executable, str(driver), *args], cwd=ROOT, env=cli_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert_user_error(proc, "step 3: the vLLM engine failed again",
+                      f"it resumes from {run_dir / 'checkpoints' / 'step_000002'}")
+    assert checkpoints(run_dir) == ["step_000001", "step_000002"]
+    assert run_cli(*args).returncode == 0 and [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4]

@@ -38,14 +38,14 @@ from ..batch import RLBatch
 from ..config import Config
 from ..data import PromptLoader, load_split
 from ..dist import fork_rng, is_rank0, seed_everything, shard_rollout
-from ..errors import ConfigError
+from ..errors import ConfigError, RolloutError
 from ..env import episode_metrics
 from ..plugins import Registry
 from ..processes import resident_mib
 from ..rollout import SamplingParams
 from ..workers import NonFiniteError
-from .checkpoint import (checkpoint_root, find_resume, load_checkpoint, read_tracker_states, remove_new_entries,
-                         save_checkpoint, write_run_config)
+from .checkpoint import (checkpoint_root, complete_checkpoints, find_resume, load_checkpoint, read_tracker_states,
+                         remove_new_entries, save_checkpoint, write_run_config)
 from .resolve import build_rollout, check_rollout_log_probs, prompt_tools, resolve_plugins
 from .validation import eval_before_after, validate
 
@@ -143,6 +143,10 @@ class Trainer:
             if cfg.eval_before_after:
                 eval_before_after(self, "after")
             success = True
+        except RolloutError as exc:
+            saved = complete_checkpoints(checkpoint_root(cfg.output_dir))
+            where = f"it resumes from {saved[-1]}" if saved else "no checkpoint was saved yet: it starts over"
+            raise RolloutError(f"step {self.step}: {exc} ({where})") from None
         finally:
             self.rollout.close()
             self.reward.close()                                                 # the reward worker processes

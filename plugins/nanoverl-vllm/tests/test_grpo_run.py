@@ -82,3 +82,27 @@ def test_without_engine_log_probs_an_on_policy_step_skips_the_old_log_prob_pass(
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert "algorithm.rollout_correction.is_level" in line and "[rollout.vllm] log_probs = true" in line
     assert not (refused / "checkpoints").exists()
+
+
+@pytest.mark.engine
+def test_an_in_process_engine_call_past_its_deadline_stops_the_run_with_one_line(tmp_path):
+    """In-process the engine runs in the trainer's thread and cannot be interrupted: a call past
+    [rollout.vllm] timeout_s (here a real engine given 1 microsecond) ends the process with one line
+    naming the key, exit status 2, as a kill would; the same command with a sane deadline resumes."""
+    from nanoverl_hf.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", alphabet="0123456789=", heads=2)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "run"
+    base = [str(TRAIN), "--config", "examples/configs/tiny_grpo.toml", "rollout.name=vllm", f"model.path={model}",
+            "trainer.total_steps=2", "trainer.save_every=1", "trainer.val_every=0", "tracking.trackers=[jsonl]",
+            "trainer.progress=none", f"trainer.output_dir={run}"]
+    result = subprocess.run([*base, "rollout.vllm.timeout_s=1e-6"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=600)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
+    assert "rollout.vllm.timeout_s = 1e-06 s" in errors[0] and "rerun the same command" in errors[0]
+    assert "Traceback" not in result.stderr
+    result = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]

@@ -19,7 +19,11 @@ import gc
 import logging
 import math
 import os
+import sys
+import threading
+import time
 from collections.abc import Iterable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ try:
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.platforms import current_platform
+    from vllm.v1.engine.exceptions import EngineDeadError   # what vLLM's own client raises for a dead core
 except ImportError as exc:
     raise ImportError(f"vLLM is not importable ({exc}); {_INSTALL}") from None
 except Exception as exc:  # e.g. a CUDA torchvision next to a CPU torch: RuntimeError at import
@@ -250,6 +255,88 @@ def ensure_alive(llm: LLM) -> None:
     check = getattr(llm.llm_engine.engine_core, "ensure_alive", None)   # the in-process client has none
     if check is not None:
         check()
+
+
+class EngineCallFailed(RuntimeError):
+    """A call into a separate engine-core process that died or stopped answering (its process is killed)."""
+
+
+class Deadline:
+    """Bound every call into the engine (`with deadline(...)`) in time.
+
+    vLLM 0.32's synchronous client waits forever when its engine-core process dies or stops answering
+    in the middle of a call: its monitor thread marks the engine dead, but nothing wakes the caller, who
+    waits on an output queue (generate) or a future (collective_rpc). A watchdog thread checks every
+    50 ms; once the core has died or the deadline has passed, it kills the core's processes and wakes
+    the caller with vLLM's EngineDeadError, which the rollout answers with a restart.
+
+    In-process (the default) the engine runs in the caller's thread and cannot be interrupted: past the
+    deadline the watchdog ends the process with one `error:` line and exit status 2, as a kill would
+    (the newest checkpoint is intact; the same command resumes).
+    """
+
+    def __init__(self, seconds: float, key: str = "rollout.vllm.timeout_s"):
+        self.seconds, self.key = seconds, key
+
+    @contextmanager
+    def __call__(self, llm: LLM, what: str):
+        core = llm.llm_engine.engine_core
+        done, fired = threading.Event(), []
+        watchdog = threading.Thread(target=self._watch, args=(core, what, done, fired), daemon=True,
+                                    name="nanoverl-vllm-deadline")
+        watchdog.start()
+        try:
+            yield
+        except Exception as exc:
+            if fired:
+                raise EngineCallFailed(f"the vLLM engine core {fired[0]} during {what}") from exc
+            raise
+        finally:
+            done.set()
+            watchdog.join()
+
+    def _watch(self, core, what: str, done: threading.Event, fired: list[str]) -> None:
+        end = time.monotonic() + self.seconds
+        resources = getattr(core, "resources", None)        # only a separate engine-core process has them
+        while not done.wait(min(0.05, max(end - time.monotonic(), 0.0))):
+            late = time.monotonic() >= end
+            if resources is None:
+                if late:
+                    _stop_process(f"the vLLM engine did not finish {what} within {self.key} = {self.seconds:g} s; "
+                                  "the run stops here (nothing was saved mid-step): rerun the same command to resume "
+                                  f"from the newest checkpoint, with a larger {self.key} if the call was only slow")
+                continue
+            if resources.engine_dead or late:
+                fired.append("died" if resources.engine_dead else f"did not answer within {self.key} = {self.seconds:g} s")
+                _kill_core(resources)
+                _wake(core)
+                return
+
+
+def _stop_process(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(2)
+
+
+def _kill_core(resources) -> None:
+    """SIGKILL the engine-core process(es), whatever state they are in (a stopped process too)."""
+    manager = resources.engine_manager
+    for process in getattr(manager, "processes", ()):
+        if process.is_alive():
+            process.kill()
+
+
+def _wake(core) -> None:
+    """Hand the waiting call EngineDeadError: through the output queue generate reads, and through
+    every pending future of a utility call (collective_rpc)."""
+    error = EngineDeadError()
+    core.outputs_queue.put_nowait(error)
+    for future in list(core.utility_results.values()):
+        try:
+            future.set_exception(error)
+        except Exception:   # answered meanwhile (concurrent.futures.InvalidStateError)
+            pass
 
 
 def stop_engine(llm: LLM | None, owns_distributed: bool) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from nanoverl_core import ConfigError, RLBatch, SamplingParams, responses_to_batch
+from nanoverl_core import ConfigError, RLBatch, RolloutError, SamplingParams, responses_to_batch
 from nanoverl_core.config import Config
 from nanoverl_core.dist import is_distributed
 from nanoverl_core.rollout import sample_seeds, stop_token_ids
@@ -86,6 +86,7 @@ class VLLMRollout:
         self._lora_ids = itertools.count(1)
         self.log_probs = self.returns_log_probs = settings.log_probs if log_probs is None else log_probs
         self.sleep = engine.sleep_supported() if sleep is None else sleep
+        self.deadline = engine.Deadline(settings.timeout_s)        # every generate and weight sync
         self.eos_token_ids = stop_token_ids(self.tokenizer, self.actor.module)
         self.folder = Path(tempfile.mkdtemp(prefix="nanoverl-vllm-"))   # config.json (+ weights on restart)
         weakref.finalize(self, shutil.rmtree, self.folder, True)
@@ -168,18 +169,19 @@ class VLLMRollout:
         failed = False
         try:
             engine.ensure_alive(self.llm)
-            if self.adapter_mode:                             # the base stays; only the adapter is swapped
-                if self.asleep:
-                    self.llm.wake_up()                        # level-1 sleep kept the base weights in host memory
-                    self.asleep = False
-                self._load_adapter(actor)
-            else:
-                if self.asleep:
-                    self.llm.wake_up(tags=["weights"])        # allocate the weight memory back (contents are stale)
-                engine.push_weights(self.llm, stream, self.folder)
-                if self.asleep:
-                    self.llm.wake_up(tags=["kv_cache"])
-                    self.asleep = False
+            with self.deadline(self.llm, "a weight sync"):
+                if self.adapter_mode:                         # the base stays; only the adapter is swapped
+                    if self.asleep:
+                        self.llm.wake_up()                    # level-1 sleep kept the base weights in host memory
+                        self.asleep = False
+                    self._load_adapter(actor)
+                else:
+                    if self.asleep:
+                        self.llm.wake_up(tags=["weights"])    # allocate the weight memory back (contents are stale)
+                    engine.push_weights(self.llm, stream, self.folder)
+                    if self.asleep:
+                        self.llm.wake_up(tags=["kv_cache"])
+                        self.asleep = False
         except Exception as exc:
             log.warning("vLLM weight sync failed (%s: %s); restarting the engine from the actor's current weights",
                         type(exc).__name__, exc)
@@ -205,11 +207,12 @@ class VLLMRollout:
 
     def _generate(self, requests, sampling):
         """llm.generate, and once more after restarting the engine from the actor's weights if it failed
-        (a separate engine-core process that died, say); a second failure stops the run."""
+        (a separate engine-core process that died or stopped answering within the deadline, say); a
+        second failure stops the run."""
         def attempt():
             try:
                 engine.ensure_alive(self.llm)
-                with engine.own_rng():                         # every request carries its own seed
+                with engine.own_rng(), self.deadline(self.llm, "a generate call"):   # every request has its seed
                     return self.llm.generate(requests, sampling, use_tqdm=False,        # same order as requests
                                              lora_request=self.lora_request), None
             except Exception as exc:
@@ -221,7 +224,7 @@ class VLLMRollout:
         if error is not None:
             outputs, error = attempt()
         if error is not None:
-            raise RuntimeError(f"the vLLM engine failed again after a restart ({type(error).__name__}: {error}); "
+            raise RolloutError(f"the vLLM engine failed again after a restart ({type(error).__name__}: {error}); "
                                "the run stops here, its newest checkpoint is intact: rerun the same command to "
                                "resume") from error
         return outputs

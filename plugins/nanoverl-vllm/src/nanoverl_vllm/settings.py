@@ -2,7 +2,7 @@
 
 import attrs
 
-from nanoverl_core.config import between
+from nanoverl_core.config import above, between
 
 LORA_SYNC = ("merged", "adapter")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -24,6 +24,11 @@ class VLLMSettings:
     involved). "adapter": the engine holds the frozen base once (`enable_lora`, `max_loras = 1`) and each
     sync writes only the adapter (a peft save_pretrained folder) and loads it as a new `LoRARequest`;
     not for an adapted input embedding. Without LoRA only "merged" applies."""
+    timeout_s: float = attrs.field(default=1800.0, validator=above(0))
+    """The deadline of one call into the engine (a generate, a weight sync). With the engine core in its
+    own process (VLLM_ENABLE_V1_MULTIPROCESSING=1), a core that dies or stops answering mid-call is
+    killed and the engine restarted from the actor's weights (a second failure stops the run); in-process
+    (the default) a call past its deadline stops the run with one line (rerun to resume)."""
 
 
 def lora_rank_limit(rank: int) -> int:
