@@ -144,6 +144,10 @@ def prompts_from_rows(rows: list[dict[str, Any]], cfg: DataConfig, tokenizer, ke
                 else tokenizer.encode(text)
         except DataError as exc:  # a tokenizer that rejects the text: say which file and row
             raise DataError(f"{row['__file__']} row {row['__row__']}: {exc}") from None
+        except Exception as exc:  # a Hugging Face tokenizer raises what its backend raises (a bare Exception)
+            raise DataError(f"{row['__file__']} row {row['__row__']}: the tokenizer of model.path cannot encode the "
+                            f"prompt {text[:80]!r} ({' '.join(str(exc).split())}); fix the row or use a tokenizer "
+                            "that covers its characters") from None
         if not tokens:
             raise DataError(f"{row['__file__']} row {row['__row__']}: the prompt is empty")
         if len(tokens) <= cfg.max_prompt_length:

@@ -110,6 +110,15 @@ def test_path_keys_of_the_wrong_kind_exit_2_before_anything_is_written(tmp_path)
     assert_user_error(run_cli("--config", REINFORCE, *FAST, f"data.train_files=[{tmp_path}]",
                               f"trainer.output_dir={tmp_path / 'run'}"),
                       "data.train_files", "is a folder, not a data file")  # once "does not exist"
+    weights = write(tmp_path / "model.bin", "")
+    for overrides, needles in [
+        ([f"model.path={weights}"], ["'model.path'", "is a .bin file: not a Hugging Face model folder or a .gguf file"]),
+        ([f"model.path={tmp_path}"], ["'model.path'", "holds no config.json"]),
+        ([f"model.tokenizer_path={weights}"], ["'model.tokenizer_path'", "is a file, not a folder"]),
+    ]:
+        assert_user_error(run_cli("--config", REINFORCE, *FAST, *overrides, f"trainer.output_dir={tmp_path / 'run'}"),
+                          *needles)
+    assert not (tmp_path / "run").exists()
 
 
 # ---- model --------------------------------------------------------------------------------------
@@ -137,7 +146,7 @@ def test_hf_tokenizer_without_a_pad_token_pads_with_eos_and_says_so(tmp_path):
 @pytest.mark.parametrize("name, content, needles", [
     ("empty.jsonl", "", ["data.train_files", "empty.jsonl has no rows"]),
     ("cut.jsonl", '{"prompt": "12=", "target": "12"}\n{"prompt": "3', ["data.train_files", "cut.jsonl cannot be read"]),
-    ("rows.csv", "prompt,target\n12=,12\n", ["rows.csv must end in .jsonl, .json or .parquet"]),
+    ("rows.csv", "prompt,target\n12=,12\n", ["'data.train_files'", "rows.csv' is a .csv file, not a data file"]),
     ("letters.jsonl", '{"prompt": "copy 12=", "target": "12"}\n' * 8, ["letters.jsonl row 0", "no token for", "copy 12="]),
 ], ids=["empty", "truncated-json", "unsupported-format", "untokenizable"])
 def test_unusable_training_data_names_the_file(tmp_path, name, content, needles):

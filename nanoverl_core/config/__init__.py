@@ -13,7 +13,8 @@
 """
 
 from .components import COMPONENTS, component_settings
-from .domains import Number, OutOfDomain, PathKind, above, at_least, between, finite, folder, python_file
+from .domains import (Number, OutOfDomain, PathKind, above, at_least, between, data_files, finite, folder, model_source,
+                      python_file)
 from .load import apply_override, config_from_dict, load_config
 from .schema import (CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, RS_KL_OPTIONS, ActorConfig, AlgorithmConfig,
                      Config, CriticConfig, DataConfig, DType, EnvironmentConfig, KLEstimator, LoraConfig, LossAggMode,
@@ -26,5 +27,6 @@ __all__ = ["COMPONENTS", "CORRECTION_LEVELS", "KL_ESTIMATORS", "LOSS_AGG_MODES",
            "KLEstimator", "LoraConfig", "LossAggMode", "ModelConfig", "OptimConfig", "ReferenceConfig", "RewardComponent",
            "RewardConfig", "RolloutConfig", "RolloutCorrectionConfig", "TrackingConfig", "TrainerConfig",
            "WorkerConfig", "Number", "OutOfDomain", "PathKind", "above", "at_least", "between", "finite", "folder", "python_file",
+           "data_files", "model_source",
            "apply_override", "component_settings", "config_from_dict", "drop_moved_keys",
            "load_config"]

@@ -107,26 +107,43 @@ def domain_of(field: attrs.Attribute) -> Number | None:
 
 @attrs.frozen
 class PathKind:
-    """A path key's kind: "python_file" (a `.py` module) or "folder" (a directory, made if missing).
-    Checked where the path exists: an existing path of the wrong kind (a data file as a reward module, a
+    """A path key's kind: "python_file" (a `.py` module), "folder" (a directory, made if missing),
+    "data_file" (a .jsonl / .json / .parquet file; a list of them), or "model" (a Hugging Face model
+    folder, holding config.json, or a .gguf file). Checked where the path exists: an existing path of the wrong kind (a data file as a reward module, a
     file as the output folder) is the error here. A missing path is the reading component's to report,
     when it reads it (a run's config.json may name a reward file that has since moved, and `export`
     still reads that config)."""
 
     kind: str
 
-    def __call__(self, instance: Any, attribute: attrs.Attribute, value: str) -> None:
-        path = Path(value).expanduser() if value else None
-        if path is None or not path.exists():
-            return
-        if self.kind == "folder" and not path.is_dir():
-            raise OutOfDomain(attribute.name, f"{value!r} is a file, not a folder")
-        if self.kind == "python_file" and (not path.is_file() or path.suffix != ".py"):
-            what = "a folder" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
-            raise OutOfDomain(attribute.name, f"{value!r} is {what}, not a Python module (.py)")
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: str | list[str]) -> None:
+        for one in value if isinstance(value, list) else [value]:
+            path = Path(one).expanduser() if one else None
+            if path is not None and path.exists():
+                self.check(attribute.name, one, path)
 
+    def check(self, name: str, value: str, path: Path) -> None:
+        what = "a folder" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
+        if self.kind == "folder" and not path.is_dir():
+            raise OutOfDomain(name, f"{value!r} is a file, not a folder")
+        if self.kind == "python_file" and (not path.is_file() or path.suffix != ".py"):
+            raise OutOfDomain(name, f"{value!r} is {what}, not a Python module (.py)")
+        if self.kind == "data_file" and (not path.is_file() or path.suffix not in DATA_SUFFIXES):
+            raise OutOfDomain(name, f"{value!r} is {what}, not a data file ({' / '.join(DATA_SUFFIXES)}"
+                                    f"{'; name the files in it' if path.is_dir() else ''})")
+        if self.kind == "model" and (path.suffix != ".gguf" if path.is_file() else not (path / "config.json").is_file()):
+            detail = "holds no config.json" if path.is_dir() else f"is {what}"
+            raise OutOfDomain(name, f"{value!r} {detail}: not a Hugging Face model folder or a .gguf file")
+
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+"""What `data.train_files` / `val_files` read (nanoverl_core.data)."""
 
 python_file = PathKind("python_file")
 """A `.py` module that defines a function (reward.file)."""
 folder = PathKind("folder")
 """A directory, created when missing (trainer.output_dir)."""
+data_files = PathKind("data_file")
+"""A list of data files (data.train_files, data.val_files)."""
+model_source = PathKind("model")
+"""A model folder with config.json, or a .gguf file (model.path)."""

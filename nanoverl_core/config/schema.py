@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 import attrs
 
 from .components import COMPONENTS, settings_by_name
-from .domains import above, at_least, between, finite, folder, python_file
+from .domains import above, at_least, between, data_files, finite, folder, model_source, python_file
 from .rules import check_config
 from .structure import converter
 
@@ -94,9 +94,9 @@ class DataConfig:
     """Where the prompts come from: a registered data source (`nanoverl-train plugins` lists them); "files"
     reads train_files and val_files, a generator (e.g. reasoning_gym) draws rows from its [data.<source>]
     settings."""
-    train_files: list[str] = attrs.Factory(list)
+    train_files: list[str] = attrs.field(factory=list, validator=data_files)
     """jsonl / json / parquet files of training prompts, loaded with `datasets` (data.source = "files")."""
-    val_files: list[str] = attrs.Factory(list)
+    val_files: list[str] = attrs.field(factory=list, validator=data_files)
     """Validation files; empty disables validation (data.source = "files")."""
     prompt_key: str = "prompt"
     """Column holding the prompt: a string, or a chat message list rendered with the chat template."""
@@ -145,9 +145,9 @@ class LoraConfig:
 
 @attrs.define
 class ModelConfig:
-    path: str = ""
+    path: str = attrs.field(default="", validator=model_source)
     """A local Hugging Face model folder, or a .gguf file (docs/backends.md); empty for the debug worker."""
-    tokenizer_path: str = ""
+    tokenizer_path: str = attrs.field(default="", validator=folder)
     """Tokenizer folder if not the model folder."""
     dtype: DType = "float32"
     """Parameter dtype for training and rollout."""

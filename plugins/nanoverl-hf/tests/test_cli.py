@@ -217,3 +217,16 @@ def test_tiny_grpo_with_dynamic_sampling_killed_mid_refill_resumes_identically(t
     assert rows(run_dir) == rows(reference)
     a, b = (load_file(str(d / "checkpoints" / "step_000004" / "actor" / "model.safetensors")) for d in (reference, run_dir))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("prompt", ["1 2=", "\n", "12é="], ids=["space", "blank-line", "accent"])
+def test_a_prompt_the_hf_tokenizer_cannot_encode_names_file_and_row(tmp_path, prompt):
+    """The tiny model's WordLevel tokenizer has no [UNK]: it raises a bare Exception for any character
+    outside its alphabet (a blank line too); that is one line naming the file and row, not a traceback."""
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": text, "answer": "1"}) + "\n" for text in ["12=", "34=", prompt]))
+    run = train("--config", "examples/configs/tiny_grpo.toml", NO_GRPO, f"trainer.output_dir={tmp_path / 'run'}",
+                f"data.train_files=[{rows}]", "data.val_files=[]")
+    line = one_error_line(run)
+    assert f"{rows} row 2" in line and "cannot encode the prompt" in line, line
+    assert not (tmp_path / "run").exists()

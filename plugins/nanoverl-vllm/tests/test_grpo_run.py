@@ -106,3 +106,22 @@ def test_an_in_process_engine_call_past_its_deadline_stops_the_run_with_one_line
     result = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.engine
+def test_an_engine_that_cannot_get_its_kv_cache_memory_exits_2_with_one_line(tmp_path):
+    """vLLM's own start-up check (more KV-cache memory asked for than the machine has: here 4096 GiB
+    through VLLM_CPU_KVCACHE_SPACE) raised a ValueError traceback; now one line, nothing left behind."""
+    from nanoverl_hf.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", alphabet="0123456789=", heads=2)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "4096"}
+    run = tmp_path / "run"
+    result = subprocess.run([str(TRAIN), "--config", "examples/configs/tiny_grpo.toml", "rollout.name=vllm",
+                             f"model.path={model}", "trainer.total_steps=1", f"trainer.output_dir={run}"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "KV cache" in errors[0] and "VLLM_CPU_KVCACHE_SPACE" in errors[0], errors[0]
+    assert not run.exists()

@@ -236,10 +236,22 @@ def start_engine(kwargs: dict[str, Any]) -> LLM:
     try:
         with own_rng():
             return LLM(**kwargs)
+    except ValueError as exc:                              # vLLM's start-up checks of the KV-cache memory
+        if "memory" not in str(exc):
+            raise
+        raise ConfigError(f"the vLLM engine cannot get memory for its KV cache ({_first_sentence(exc)}); "
+                          "free memory used by other processes, lower data.max_prompt_length + "
+                          "rollout.max_new_tokens, or size the cache: VLLM_CPU_KVCACHE_SPACE=<GiB> on CPU (unset: "
+                          "sized to the largest generate call), rollout.vllm.gpu_memory_utilization on GPU") from None
     finally:
         torch.set_num_threads = set_num_threads
         random.setstate(py_state)
         np.random.set_state(np_state)
+
+
+def _first_sentence(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text.split(". ")[0]
 
 
 def own_rng():
