@@ -95,7 +95,7 @@ def test_eval_samples_writes_every_scored_sample_with_its_data_row(tmp_path):
     out = tmp_path / "samples.jsonl"
     args = ["eval", "--config", str(EXAMPLES / "debug_reinforce.toml"), "--json", "--samples", str(out),
             f"data.val_files=[{val}]", "rollout.val_n=2", "reward.workers=0"]
-    proc = run_cli(*args, timeout=300)
+    proc = run_cli(*args, "data.val_batch_size=2", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)["results"]
     written = [json.loads(line) for line in out.read_text().splitlines()]
@@ -109,6 +109,12 @@ def test_eval_samples_writes_every_scored_sample_with_its_data_row(tmp_path):
     for decoding, metrics in report.items():
         scores = [s["score"] for s in written if s["decoding"] == decoding]
         assert metrics["reward/mean"] == pytest.approx(sum(scores) / len(scores))
+    # progress on stderr, off a terminal one line per batch of data.val_batch_size prompts (2 here)
+    progress = [line.split(",")[0] for line in proc.stderr.splitlines() if line.startswith("eval ")]
+    assert progress == ["eval greedy: 2/3 prompts", "eval greedy: 3/3 prompts", "eval T=1: 2/3 prompts",
+                        "eval T=1: 3/3 prompts"], proc.stderr[-2000:]
+    quiet = run_cli(*args, "data.val_batch_size=2", "trainer.progress=none", timeout=300)
+    assert quiet.returncode == 0 and not [line for line in quiet.stderr.splitlines() if line.startswith("eval ")]
     missing = run_cli(*args[:5], str(tmp_path / "nowhere" / "samples.jsonl"), *args[6:], timeout=300)
     assert_user_error(missing, "--samples", "does not exist")
 

@@ -56,7 +56,8 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
             raise ConfigError(f"data.source = {config.data.source!r} gives no validation rows; eval scores the "
                               f"validation prompts: set its validation size in [data.{config.data.source}]")
         rows: list[dict] | None = [] if samples is not None else None
-        results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data, rows)
+        results = eval_decodings(config, rollout, workers.tokenizer, plugins["reward"], data, rows,
+                                 show_progress=is_rank0())
         if samples is not None and is_rank0():  # every rank holds every score (gathered); one writes them
             samples.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
     finally:

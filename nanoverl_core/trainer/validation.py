@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,7 +41,8 @@ def pass_ks(n: int) -> list[int]:
 
 @torch.no_grad()
 def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n: int,
-             seed: int, step: int | None = None, keep: int = 16) -> tuple[dict[str, float], list[dict]]:
+             seed: int, step: int | None = None, keep: int = 16,
+             progress: Callable[[int], None] | None = None) -> tuple[dict[str, float], list[dict]]:
     """mean@n, best@n, pass@k and per-data-source means of `scorer` over every prompt of `data`, n samples each.
 
     Returns ({"reward/mean", f"reward/best@{n}", f"reward/pass@{k}" for k in pass_ks(n) (a sample passes
@@ -48,6 +51,7 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
     the episode/... metrics of training (turns, tool calls, ...) over all samples}, the first `keep` sample
     rows: prompt, response, score (keep = -1: every sample, each also with its data row's index, data source
     and the row itself, what `nanoverl-train eval --samples` writes)).
+    `progress(k)` is called after each batch of k prompts.
     Runs under a forked RNG seeded from `seed` (the CPU's and every CUDA device's, since re-seeding
     seeds them all), so it leaves the caller's random stream untouched.
     """
@@ -82,6 +86,8 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
                          **({"episode": batch["episode"][i]} if "episode" in batch else {}),
                          **({"row": batch["row"][i]} if every else {})}
                         for i in range(len(batch) if every else min(keep - len(samples), len(batch)))]
+            if progress is not None:
+                progress(len(indices))
     metrics = {"reward/mean": sum(means) / len(means), f"reward/best@{n}": sum(bests) / len(bests), **failures}
     metrics.update({key: value if key == "episode/errors" else value / len(means) / n for key, value in episodes.items()})
     metrics.update({f"reward/pass@{k}": sum(pass_at_k(n, c, k) for c in passed) / len(passed) for k in pass_ks(n)})
@@ -100,22 +106,50 @@ def validate(trainer) -> dict[str, float]:
     return {f"val/{key}": value for key, value in metrics.items()}
 
 
-def eval_decodings(config, rollout, tokenizer, scorer, data,
-                   samples: list[dict] | None = None) -> dict[str, dict[str, float]]:
+def eval_decodings(config, rollout, tokenizer, scorer, data, samples: list[dict] | None = None,
+                   show_progress: bool = False) -> dict[str, dict[str, float]]:
     """{"greedy": metrics, "T=<temperature>": metrics}: greedy with one sample per prompt, and sampled at
     rollout.temperature / top_p / top_k with rollout.val_n samples per prompt; each metrics dict has "n".
-    With a list `samples`, every scored sample is appended to it, with its "decoding" (evaluate's keep = -1)."""
+    With a list `samples`, every scored sample is appended to it, with its "decoding" (evaluate's keep = -1).
+    `show_progress`: the prompts done of each decoding on stderr (trainer.progress: a bar on a terminal,
+    else a line per batch; "none": nothing)."""
     r = config.rollout
     runs = {"greedy": (SamplingParams(r.max_new_tokens, temperature=0.0), 1),
             f"T={r.temperature:g}": (SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k), r.val_n)}
     results = {}
     for name, (params, n) in runs.items():
+        progress = EvalProgress(config.trainer.progress, f"eval {name}", len(data)) if show_progress else None
         metrics, rows = evaluate(config, rollout, tokenizer, scorer, data, params, n, config.trainer.seed,
-                                 keep=16 if samples is None else -1)
+                                 keep=16 if samples is None else -1, progress=progress)
         results[name] = metrics | {"n": float(n)}
         if samples is not None:
             samples += [{"decoding": name, **row} for row in rows]
     return results
+
+
+class EvalProgress:
+    """`eval`'s progress on stderr: a bar redrawn in place on a terminal (trainer.progress "bar", or
+    "auto" on a terminal), one line per batch otherwise ("log", or "auto" off a terminal), nothing for "none"."""
+
+    def __init__(self, mode: str, label: str, total: int):
+        self.label, self.total, self.done, self.start = label, total, 0, time.monotonic()
+        self.bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
+        self.quiet = mode == "none"
+
+    def __call__(self, prompts: int) -> None:
+        self.done += prompts
+        if self.quiet:
+            return
+        elapsed = time.monotonic() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        if self.bar:
+            filled = int(30 * self.done / self.total)
+            end = "\n" if self.done == self.total else "\x1b[K"
+            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} prompts "
+                             f"left {left:.0f}s{end}")
+        else:
+            sys.stderr.write(f"{self.label}: {self.done}/{self.total} prompts, {elapsed:.0f}s, left {left:.0f}s\n")
+        sys.stderr.flush()
 
 
 def format_eval(report: dict[str, Any]) -> str:
