@@ -49,6 +49,10 @@ class Actor(Protocol):
       * ``compute_log_probs_and_sum_pi_squared``: ``(batch) -> (log_probs, sum_pi_squared)``, both (B, R)
         as `compute_log_probs`, the second the sum over the vocabulary of pi^2 at each response token;
         an estimator with ``requires_sum_pi_squared`` needs it (`TorchActor` has it).
+      * ``update_log_probs``: after ``update(..., on_policy=True, keep_log_probs=True)``, the (B, R)
+        log-probs that update's forward computed (detached, on the CPU, 0 on padding, every rank's rows):
+        pi_old of that step, what `compute_log_probs` would have returned before it. With it the trainer
+        takes the rollout-mismatch metrics from the update instead of a separate pass (`TorchActor` has it).
     """
 
     module: torch.nn.Module

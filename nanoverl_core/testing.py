@@ -158,7 +158,27 @@ def check_actor(actor: Actor, batch: RLBatch, *, update: bool = True,
     assert torch.all(log_probs * (1 - mask) == 0), "log-probs must be 0 on padding"
     torch.testing.assert_close(actor.compute_log_probs(batch), log_probs, msg="log-probs must not change between calls")
     _check_full_tensors(actor)
-    return _check_update(actor, batch, log_probs, policy_loss) if update else None
+    if not update:
+        return None
+    metrics = _check_update(actor, batch, log_probs, policy_loss)
+    if hasattr(actor, "update_log_probs"):
+        _check_update_log_probs(actor, batch, policy_loss)
+    return metrics
+
+
+def _check_update_log_probs(actor: Actor, batch: RLBatch, policy_loss: PolicyLoss) -> None:
+    """An on-policy update asked to keep its log-probs (`update_log_probs`, the Actor protocol's optional
+    attribute) keeps what `compute_log_probs` gives just before it, every row (every rank's), in order."""
+    before = actor.compute_log_probs(batch)
+    train = batch.index(slice(None))
+    train["advantages"] = batch["response_mask"].float().clone()
+    with_loss_mask(train)
+    actor.update(train, policy_loss, on_policy=True, keep_log_probs=True)
+    kept = actor.update_log_probs
+    assert kept is not None and kept.shape == before.shape and not kept.requires_grad and kept.device.type == "cpu", \
+        "update_log_probs must be the (B, R) log-probs of the update's forward, detached, on the CPU"
+    torch.testing.assert_close(kept, before, rtol=1e-5, atol=1e-5,
+                               msg="update_log_probs must equal compute_log_probs before the update (pi_old)")
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

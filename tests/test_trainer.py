@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import EXAMPLES, assert_user_error, read_metrics, run_cli, without_machine_metrics
 
 PPO = str(EXAMPLES / "debug_ppo.toml")
@@ -144,3 +146,44 @@ def test_truncated_sampling_with_rollout_log_probs_is_warned_about(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "warning: rollout sampling truncates the distribution (top_p=0.9)" in proc.stderr
     assert read_metrics(tmp_path)[0]["rollout_corr/kl_k1"] > 0  # the kept mass shows up as a mismatch
+
+
+@pytest.mark.parametrize("split", [[], ["actor.micro_batch_size=32"], ["actor.max_tokens_per_micro_batch=64"]],
+                         ids=["one-pass", "micro-batches", "token-budget"])
+def test_mismatch_metrics_from_the_update_equal_those_of_a_separate_pass(tmp_path, split):
+    """With one on-policy update a step's rollout_corr/ metrics come from the update's own forward
+    (actor.update_log_probs) instead of a separate old-log-prob pass (issue 32: ~18% of a SmolLM2 step
+    with the vllm rollout); the same run with the separate pass forced has the same metrics (to float
+    rounding, summation order aside) and trains identically, however the update splits the rows."""
+    from nanoverl_core import load_config, load_registry
+    from nanoverl_core.trainer.trainer import Trainer
+
+    rows = {}
+    for single_pass in (True, False):
+        cfg = load_config(REINFORCE, [f"trainer.output_dir={tmp_path / str(single_pass)}", QUIET, "trainer.total_steps=4",
+                                      "trainer.val_every=0", "tracking.trackers=[jsonl]", "rollout.debug.log_probs=true",
+                                      *split], registry=load_registry())
+        trainer = Trainer(cfg, load_registry())
+        assert trainer.mismatch_from_update
+        trainer.mismatch_from_update = single_pass
+        actor, passes = trainer.workers.actor, []
+        pass_of = actor.compute_log_probs
+        actor.compute_log_probs = lambda batch: passes.append(len(batch)) or pass_of(batch)
+        trainer.fit()
+        assert passes == ([] if single_pass else [128] * 4)              # 4 steps of 16 prompts x 8 samples
+        rows[single_pass] = read_metrics(tmp_path / str(single_pass))
+    for one, two in zip(rows[True], rows[False], strict=True):
+        one, two = without_machine_metrics(one), without_machine_metrics(two)
+        assert one.keys() == two.keys() and any(key.startswith("rollout_corr/") for key in one)
+        for key in one:
+            assert one[key] == pytest.approx(two[key], rel=1e-5, abs=1e-6), key
+
+
+def test_rollout_correction_keeps_the_separate_pass(tmp_path):
+    """Importance weights and rejection must weight the loss before the update: pi_old comes from its own pass."""
+    from nanoverl_core import load_config, load_registry
+    from nanoverl_core.trainer.trainer import Trainer
+
+    cfg = load_config(REINFORCE, [f"trainer.output_dir={tmp_path}", QUIET, "rollout.debug.log_probs=true",
+                                  "algorithm.rollout_correction.is_level=token"], registry=load_registry())
+    assert Trainer(cfg, load_registry()).on_policy and not Trainer(cfg, load_registry()).mismatch_from_update

@@ -104,6 +104,11 @@ class Trainer:
         # A reference policy keeps the separate pass (its KL reads the old log-probs before the update).
         self.on_policy = (cfg.actor.ppo_epochs == 1 and self.workers.reference is None
                           and cfg.actor_mini_batch_size == cfg.data.batch_size)
+        # The rollout-mismatch metrics (an engine's log-probs against pi_old's) then come from that forward
+        # too (the actor keeps its log-probs: update_log_probs), unless rollout correction must weight the
+        # loss with them before the update.
+        self.mismatch_from_update = (self.on_policy and not cfg.algorithm.rollout_correction.enabled
+                                     and hasattr(self.workers.actor, "update_log_probs"))
         # an estimator that reads the policy's sum of pi^2 (the optimal token baseline) gets it with the old log-probs
         self.needs_sum_pi_squared = bool(getattr(self.estimator, "requires_sum_pi_squared", False))
         if self.needs_sum_pi_squared and not hasattr(self.workers.actor, "compute_log_probs_and_sum_pi_squared"):
@@ -166,10 +171,14 @@ class Trainer:
             if self.needs_greedy_baseline:
                 batch["reward_baselines"], baseline_metrics = self.baseline_rollout(batch, timing)  # 4c.
                 metrics.update(baseline_metrics)
+            updates = self.step > cfg.trainer.critic_warmup
+            # 6b. after the update, from its forward (pi_old's), when nothing else needs pi_old before it
+            mismatch_later = ("rollout_log_probs" in batch and self.mismatch_from_update and updates
+                              and not self.needs_sum_pi_squared)
             with timed(timing, "old_log_probs"):                              # 5. (~0 s when on-policy: the
                 if self.needs_sum_pi_squared:                                   #    update's own forward)
                     batch["old_log_probs"], batch["sum_pi_squared"] = actor.compute_log_probs_and_sum_pi_squared(batch)
-                elif not self.on_policy or "rollout_log_probs" in batch:
+                elif not self.on_policy or ("rollout_log_probs" in batch and not mismatch_later):
                     batch["old_log_probs"] = actor.compute_log_probs(batch)
             if reference is not None:
                 with timed(timing, "ref_log_probs"):
@@ -177,7 +186,7 @@ class Trainer:
             if critic is not None:
                 with timed(timing, "values"):
                     batch["values"] = critic.compute_values(batch)
-            if "rollout_log_probs" in batch:
+            if "rollout_log_probs" in batch and not mismatch_later:
                 with timed(timing, "rollout_correction"):
                     corrected, corr_metrics = self.correct_rollout(batch)       # 6b. mismatch, IS, rejection
                     batch.update(corrected)
@@ -190,9 +199,13 @@ class Trainer:
                 if critic is not None:
                     with timed(timing, "critic_update"):
                         metrics.update(critic.update(batch))                    # 8.
-                if self.step > cfg.trainer.critic_warmup:
+                if updates:
                     with timed(timing, "actor_update"):
-                        metrics.update(actor.update(batch, self.policy_loss, on_policy=self.on_policy))  # 9.
+                        metrics.update(actor.update(batch, self.policy_loss, on_policy=self.on_policy,   # 9.
+                                                    **({"keep_log_probs": True} if mismatch_later else {})))
+                    if mismatch_later:                                          # 6b. from the update's forward
+                        with timed(timing, "rollout_correction"):
+                            metrics.update(self.correct_rollout(batch, actor.update_log_probs)[1])
                     with timed(timing, "weight_sync"):
                         self.rollout.sync_weights(actor)                        # 10.
             except NonFiniteError as exc:
@@ -294,10 +307,12 @@ class Trainer:
         token (and the overlong penalty): `RewardScorer.score_batch` in reward.py."""
         return self.reward.score_batch(batch, self.tokenizer, self.step)
 
-    def correct_rollout(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
-        """rollout_corr/ metrics of the engine's log-probs against the trainer's; with
-        algorithm.rollout_correction on, rollout_is_weights (B, R) and a loss_mask without rejected tokens."""
-        rc = compute_rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], batch["loss_mask"],
+    def correct_rollout(self, batch: RLBatch, old_log_probs: torch.Tensor | None = None) -> tuple[RLBatch, dict[str, float]]:
+        """rollout_corr/ metrics of the engine's log-probs against the trainer's (batch["old_log_probs"], or
+        those given); with algorithm.rollout_correction on, rollout_is_weights (B, R) and a loss_mask
+        without rejected tokens."""
+        old = batch["old_log_probs"] if old_log_probs is None else old_log_probs
+        rc = compute_rollout_correction(old, batch["rollout_log_probs"], batch["loss_mask"],
                                         **attrs.asdict(self.config.algorithm.rollout_correction))
         weights = {} if rc.weights is None else {"rollout_is_weights": rc.weights}
         return RLBatch({"loss_mask": rc.mask, **weights}), {k: float(v) for k, v in rc.metrics.items()}

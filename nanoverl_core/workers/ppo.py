@@ -341,25 +341,36 @@ class TorchActor(_TorchWorker):
         a sharded (DTensor) entry is gathered, so under torchrun this is a collective every rank must consume whole."""
         return self.weights.full_tensors(self.module)
 
-    def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False) -> dict[str, float]:
+    update_log_probs: torch.Tensor | None = None
+
+    def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False,
+               keep_log_probs: bool = False) -> dict[str, float]:
         """PPO epochs over mini-batches (one optimizer step each) split into micro-batches.
 
         policy_loss: the registered loss (`actor.policy_loss`), see nanoverl_core.algos.PolicyLossInputs.
         on_policy: this is the step's only update and the batch was sampled by this very policy, so
             pi_old is this forward's policy: old log-probs are taken from it (detached) instead of
             batch["old_log_probs"], and the loss is told so (the trainer decides: `Trainer._build`).
+        keep_log_probs (with on_policy): keep those detached log-probs of every row, every rank's
+            gathered, in `self.update_log_probs` (B, R): what a separate old-log-prob pass would give,
+            for the rollout-mismatch metrics, without that pass.
         """
         cfg = self.section
         scale = cfg.loss_scale_factor or self.config.rollout.max_new_tokens
         mini_batches = list(self.minibatches(batch))
         if on_policy and (cfg.ppo_epochs > 1 or len(mini_batches) > 1):
             raise ValueError("on_policy=True needs exactly one optimizer step (ppo_epochs = 1, one mini-batch)")
+        if keep_log_probs and not on_policy:
+            raise ValueError("keep_log_probs=True needs on_policy=True (the forward must be pi_old's)")
         self.module.train()
+        kept: list[torch.Tensor] = []
 
         def loss_of(mb: RLBatch, norms: dict[str, float]):
             mask = mb["loss_mask"].to(self.device)
             log_prob, entropy = self.forward(mb, with_entropy=cfg.entropy_coeff != 0)
             old = log_prob.detach() if on_policy else mb["old_log_probs"].to(self.device)
+            if keep_log_probs:
+                kept.append(old.float().cpu())
             weights = mb["rollout_is_weights"].to(self.device) if "rollout_is_weights" in mb else None
             inputs = PolicyLossInputs(log_prob, old, mb["advantages"].to(self.device), mask,
                                       loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=scale,
@@ -371,7 +382,21 @@ class TorchActor(_TorchWorker):
         for _ in range(cfg.ppo_epochs):
             for micro_batches, norms in mini_batches:
                 steps.append(self.optimizer_step(micro_batches, norms, loss_of))
+        if keep_log_probs:
+            self.update_log_probs = self._rows_of(batch, kept)
         return mean_metrics(steps)
+
+    def _rows_of(self, batch: RLBatch, per_micro_batch: list[torch.Tensor]) -> torch.Tensor:
+        """The update's per-micro-batch outputs of a one-mini-batch update put back in row order, every
+        rank's rows gathered, zero on padding: (B, R), as `per_row` would have computed them. The split is
+        `minibatches`' own (deterministic), so the micro-batches are found again."""
+        def on_rows(share: RLBatch) -> torch.Tensor:
+            share = self.parallel.my_share(batch)       # the rows of on_my_rows, fill rows included
+            out = torch.zeros(share["response_mask"].shape, dtype=torch.float32)
+            for group, values in zip(self.micro_batches(share), per_micro_batch, strict=True):
+                out[group] = values
+            return out * share["response_mask"]
+        return self.parallel.on_my_rows(batch, on_rows)
 
 
 def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:

@@ -15,9 +15,9 @@ class VLLMSettings:
     """Fraction of accelerator memory the engine may take (weights + KV cache); ignored on CPU."""
     log_probs: bool = True
     """Return `rollout_log_probs`, vLLM's log-prob of each sampled token: the rollout-mismatch metrics
-    (`rollout_corr/*`) and algorithm.rollout_correction need them, and to compare them the trainer runs
-    the old-log-prob pass even on an on-policy step (~18% of a SmolLM2 recipe step here). false: no
-    engine log-probs, no mismatch metrics, and an on-policy step skips that pass."""
+    (`rollout_corr/*`) and algorithm.rollout_correction need them (the metrics compare them with the
+    on-policy update's own forward; correction adds a separate old-log-prob pass). false: no engine
+    log-probs, no mismatch metrics."""
     lora_sync: str = attrs.field(default="merged", validator=attrs.validators.in_(LORA_SYNC))
     """With [model.lora] enable = true, what each weight sync sends the engine. "merged" (default):
     every weight, adapted ones as W + alpha/r * B @ A, streamed into a plain engine (no vLLM LoRA
