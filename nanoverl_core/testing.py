@@ -168,7 +168,16 @@ def check_actor(actor: Actor, batch: RLBatch, *, update: bool = True,
 
 def _check_update_log_probs(actor: Actor, batch: RLBatch, policy_loss: PolicyLoss) -> None:
     """An on-policy update asked to keep its log-probs (`update_log_probs`, the Actor protocol's optional
-    attribute) keeps what `compute_log_probs` gives just before it, every row (every rank's), in order."""
+    attribute) keeps what `compute_log_probs` gives just before it, every row (every rank's), in order.
+    On-policy means one optimizer step: the rows of one mini-batch (a TorchActor's `actor.mini_batch_size`
+    prompts x rollout.n), and nothing to check for an actor configured with more than one PPO epoch."""
+    from .workers import TorchActor
+
+    if isinstance(actor, TorchActor):
+        if actor.section.ppo_epochs != 1:
+            return
+        if actor.mini_batch_prompts:
+            batch = batch.index(slice(0, actor.mini_batch_prompts * actor.config.rollout.n))
     before = actor.compute_log_probs(batch)
     train = batch.index(slice(None))
     train["advantages"] = batch["response_mask"].float().clone()
