@@ -190,8 +190,8 @@ def run_job(args) -> tuple[Path, list[tuple[float, int, float]], float]:
     with open(run_dir.parent / "train.log", "w") as log:
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None:
-            children = descendants(proc.pid)
-            samples.append((time.monotonic() - start, len(children), sum(map(rss_of, children))))
+            alive = [rss for rss in map(rss_of, descendants(proc.pid)) if rss > 0]    # an exited child reads 0
+            samples.append((time.monotonic() - start, len(alive), sum(alive)))
             try:
                 proc.wait(timeout=args.sample_s)
             except subprocess.TimeoutExpired:
@@ -205,14 +205,15 @@ def run_job(args) -> tuple[Path, list[tuple[float, int, float]], float]:
 
 def children_summary(samples: list[tuple[float, int, float]], warmup_fraction: float) -> dict:
     """The reward workers' summed RSS: the first sample after the warm-up's share of the time, the last,
-    and the range in between (samples with no child process left out: start-up and shutdown)."""
-    kept = [s for s in samples if s[1] > 0]
+    and the range in between (only samples with every worker alive: not start-up and shutdown)."""
+    most = max((s[1] for s in samples), default=0)
+    kept = [s for s in samples if s[1] == most > 0]
     if not kept:
-        return {"children_rss_mib": None}
+        return {"children": 0}
     cut = kept[0][0] + warmup_fraction * (kept[-1][0] - kept[0][0])
     after = [s for s in kept if s[0] >= cut] or kept[-1:]
     values = [s[2] for s in after]
-    return {"children": max(s[1] for s in kept), "children_samples": len(after),
+    return {"children": most, "children_samples": len(after),
             "children_rss_mib_after_warmup": round(values[0], 1), "children_rss_mib_end": round(values[-1], 1),
             "children_max_minus_min_mib": round(max(values) - min(values), 2)}
 
