@@ -17,13 +17,14 @@ memory at the end of the step's update (/proc/self/statm; the trainer logs it, s
 nanoverl_core/trainer/trainer.py batch_metrics). The first `warmup` steps are left out (default: the
 largest of 10% of the steps and 20, and, when it runs the job, `--every`), the time libraries,
 allocator pools and the optimizer state take to settle, and the one-time costs of the first
-checkpoint, validation and plot draw (their imports, matplotlib's fonts: ~35 MiB on the tiny task). Over the rest, an ordinary least-squares line of RSS against the step:
+checkpoint, validation and plot draw (their imports, matplotlib's fonts: ~35 MiB on the tiny task).
+Over the rest, an ordinary least-squares line of RSS against the step:
 
   slope_mib_per_100_steps   its slope, with a 95% interval (Student's t on n - 2 degrees of freedom).
                             The residuals of RSS are not independent (the allocator moves in steps of
                             pages and arenas), so the interval is narrower than the truth; read it
                             with max_minus_min.
-  slope_last_half_...        the same over the second half of the measured steps: a leak keeps its
+  slope_last_half_...       the same over the second half of the measured steps: a leak keeps its
                             rate to the end, a heap that settles (fragmentation) flattens
   growth_mib                slope x the measured span (steps after warm-up): the growth the line says
                             happened over the run
@@ -36,8 +37,8 @@ checkpoint, validation and plot draw (their imports, matplotlib's fonts: ~35 MiB
                             step) stays under it; one of a batch's tensors per step does not.
 
 When it runs the job it also samples, every `--sample-s` seconds (1 s), the resident memory of the
-trainer's child processes (the reward workers), summed: children_rss_mib at the first sample after
-warm-up and the last one, and their range in between (the per-step RSS in metrics.jsonl is the
+trainer's child processes (the reward workers), summed, while all of them are alive: at the first
+sample after warm-up and the last one (children_rss_mib_after_warmup, children_rss_mib_end), and their range in between (the per-step RSS in metrics.jsonl is the
 trainer's alone). Output: one JSON object on stdout.
 """
 
