@@ -143,3 +143,50 @@ def test_data_source_reports_the_loader_against_a_tiny_step():
     assert row["step_s"] > 0 and row["files_loader_s"] > 0 and row["rg_steps"] == 4 == row["rg_no_system_steps"]
     assert row["rg_rows_per_epoch"] == 64 and row["rg_prompt_tokens_mean"] > 3 * row["rg_no_system_prompt_tokens_mean"]
     assert 0 < row["rg_generate_s"] < row["rg_loader_s"]
+
+
+def test_memory_long_runs_the_tiny_task_with_checkpoints_and_validation():
+    (row,) = run("memory_long.py", "--steps", "30", "--every", "10", "--warmup", "10")
+    assert row["steps"] == row["points"] == 30 and row["warmup_steps"] == 10 and row["measured_steps"] == 20
+    assert row["checkpoints_kept"] == ["step_000020", "step_000030"]        # saved every 10, the last 2 kept
+    assert 100 < row["rss_mib_end_of_warmup"] < 10_000 and row["max_minus_min_mib"] >= 0
+    low, high = row["slope_95_interval_mib_per_100_steps"]
+    assert low <= row["slope_mib_per_100_steps"] <= high and row["verdict"] in ("flat", "grows")
+    assert row["children"] == 4 and row["children_rss_mib_end"] > 0         # the reward's 4 worker processes
+
+
+def test_memory_long_slope_of_a_synthetic_run(tmp_path):
+    """The analysis pinned by numbers: RSS = 500 + 0.05 x step + a known wiggle, after a warm-up
+    whose values (far off the line) must be left out; steps logged twice (a resume replays the steps
+    after its checkpoint) keep their last line."""
+    import numpy as np
+
+    wiggle = [0.0, 3.0, -1.0, -2.0]
+    rows = [{"step": s, "perf/rss_mib": 900.0 if s <= 20 else 500 + 0.05 * s + wiggle[s % 4]} for s in range(1, 201)]
+    killed = [{"step": s, "perf/rss_mib": 5000.0} for s in range(51, 66)]    # a kill after step 65, a resume
+    rows = rows[:50] + killed + rows[50:]                                      # from step 50 logs 51-65 again
+    lines = [json.dumps(r) for r in rows] + ['{"step": 201, "perf/rss']      # a line cut short by a kill
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (row,) = run("memory_long.py", "--run", str(tmp_path))
+    steps = np.arange(21, 201)
+    rss = 500 + 0.05 * steps + np.array([wiggle[s % 4] for s in steps])
+    slope, intercept = np.polyfit(steps, rss, 1)
+    residual = rss - (intercept + slope * steps)
+    half = 1.97338 * np.sqrt((residual ** 2).sum() / 178 / ((steps - steps.mean()) ** 2).sum())  # t(0.975, 178)
+    assert row["warmup_steps"] == 20 and row["measured_steps"] == 180 and row["steps"] == 200
+    assert row["slope_mib_per_100_steps"] == pytest.approx(100 * slope, abs=1e-4)
+    assert abs(100 * slope - 5.0) < 0.1                                      # the line's 0.05 MiB a step
+    assert row["slope_95_interval_mib_per_100_steps"] == pytest.approx([100 * (slope - half), 100 * (slope + half)],
+                                                                        abs=2e-4)
+    assert row["growth_mib"] == pytest.approx(slope * 179, abs=0.01)         # ~9 MiB over the 179-step span
+    assert row["rss_mib_end_of_warmup"] == pytest.approx(504.05, abs=0.06) and row["rss_mib_end"] == 510.0
+    assert row["max_minus_min_mib"] == pytest.approx(max(rss) - min(rss), abs=0.01)
+    assert row["threshold_mib"] == pytest.approx(0.02 * 504.05, abs=0.01)   # 2% of 504 MiB is above 8 MiB
+    assert row["verdict"] == "flat"                                          # ~8.9 < 10.08
+    (shorter,) = run("memory_long.py", "--run", str(tmp_path), "--warmup", "100")
+    assert shorter["measured_steps"] == 100 and shorter["growth_mib"] == pytest.approx(4.95, abs=0.3)
+    doubled = [{"step": r["step"], "perf/rss_mib": 500 + 0.1 * r["step"]} for r in rows if r["step"] > 20]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, doubled)) + "\n")
+    (grows,) = run("memory_long.py", "--run", str(tmp_path))
+    assert grows["slope_mib_per_100_steps"] == pytest.approx(10.0) and grows["verdict"] == "grows"   # 17.9 MiB
+    assert grows["slope_95_interval_mib_per_100_steps"] == pytest.approx([10.0, 10.0])              # an exact line
