@@ -109,8 +109,8 @@ def domain_of(field: attrs.Attribute) -> Number | None:
 class PathKind:
     """A path key's kind: "python_file" (a `.py` module), "folder" (a directory, made if missing),
     "data_file" (a .jsonl / .json / .parquet file; a list of them), or "model" (a Hugging Face model
-    folder, holding config.json, or a .gguf file). Checked where the path exists: an existing path of the wrong kind (a data file as a reward module, a
-    file as the output folder) is the error here. A missing path is the reading component's to report,
+    folder, holding config.json, or a .gguf file). Checked where the path exists: an existing path of
+    the wrong kind (a data file as a reward module, a file as the output folder) is the error here. A missing path is the reading component's to report,
     when it reads it (a run's config.json may name a reward file that has since moved, and `export`
     still reads that config)."""
 
