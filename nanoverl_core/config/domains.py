@@ -119,7 +119,7 @@ class PathKind:
     def __call__(self, instance: Any, attribute: attrs.Attribute, value: str | list[str]) -> None:
         for one in value if isinstance(value, list) else [value]:
             path = Path(one).expanduser() if one else None
-            if path is not None and path.exists():
+            if path is not None and _exists(path):
                 self.check(attribute.name, one, path)
 
     def check(self, name: str, value: str, path: Path) -> None:
@@ -134,6 +134,14 @@ class PathKind:
         if self.kind == "model" and (path.suffix != ".gguf" if path.is_file() else not (path / "config.json").is_file()):
             detail = "holds no config.json" if path.is_dir() else f"is {what}"
             raise OutOfDomain(name, f"{value!r} {detail}: not a Hugging Face model folder or a .gguf file")
+
+
+def _exists(path: Path) -> bool:
+    """path.exists(), False for a name the OS refuses (too long, say): what is not there is the reader's to report."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
