@@ -78,6 +78,27 @@ def test_the_reward_is_the_tasks_own_verifier_on_the_tagged_answer():
         assert score("", f" {item['answer']}\n", row, settings=bare) == 1.0
 
 
+def test_answer_regex_scores_the_last_match_and_its_group_with_the_tasks_verifier():
+    """A model that never writes tags but states the number plainly: the last integer is its answer."""
+    rows = make_source(config("data.reasoning_gym.size=40")).rows("train", 0)
+    last_int = ReasoningGymRewardSettings(answer_regex=r"(?<!\d)-?\d+")
+    grouped = ReasoningGymRewardSettings(answer_regex=r"answer is (-?\d+)")
+    for row in rows:
+        gold, wrong = row["ground_truth"], str(int(row["ground_truth"]) + 1)
+        assert score("", f"The numbers are 3 and 4, so the result is {gold}.", row, settings=last_int) == 1.0
+        assert score("", f"{gold}, no wait: {wrong}", row, settings=last_int) == 0.0   # only the last one counts
+        assert score("", f"<answer>{gold}</answer> and then {wrong}", row, settings=last_int) == 0.0  # tags ignored
+        assert score("", "no number at all", row, settings=last_int) == 0.0
+        assert score("", f"7 + 8, the answer is {gold} (check: 99)", row, settings=grouped) == 1.0   # the group
+        assert score("", f"the answer is {wrong}; {gold}", row, settings=grouped) == 0.0
+    minus = next(row for row in make_source(config(
+        "data.reasoning_gym.tasks=[{name: basic_arithmetic, params: {min_terms: 2, max_terms: 2, max_digits: 1, "
+        "operators: ['-'], allow_parentheses: false, allow_negation: false}}]", "data.reasoning_gym.size=40"
+    )).rows("train", 0) if row["ground_truth"].startswith("-"))
+    assert score("", f"= {minus['ground_truth']}", minus, settings=last_int) == 1.0        # "-3" keeps its sign
+    assert score("", f"9{minus['ground_truth']}", minus, settings=last_int) == 0.0         # "9-3": a minus, not a sign
+
+
 @pytest.mark.parametrize("override, needles", [
     ("data.reasoning_gym.tasks=[{name: chain_sun}]", ["tasks[0].name = 'chain_sun'", "did you mean 'chain_sum'?"]),
     ("data.reasoning_gym.tasks=[{name: gcd}, {name: chain_sum, params: {min_term: 2}}]",
@@ -86,6 +107,8 @@ def test_the_reward_is_the_tasks_own_verifier_on_the_tagged_answer():
      ["tasks[0].params.min_terms = 0", "out of range for task 'chain_sum'", "min_terms must be positive"]),
     ("data.reasoning_gym.tasks=[]", ["[data.reasoning_gym] tasks is empty"]),
     ("data.reasoning_gym.tasks=[{name: gcd, weight: 0}]", ["'data.reasoning_gym.tasks[0].weight': 0.0 is not a finite number > 0"]),
+    ("reward.reasoning_gym.answer_regex='(-)?(\\d+)'", ["reward.reasoning_gym.answer_regex", "has 2 groups", "(?:...)"]),
+    ("reward.reasoning_gym.answer_regex='(\\d+'", ["reward.reasoning_gym.answer_regex", "is not a regular expression"]),
 ])
 def test_bad_settings_exit_2_with_one_line_before_anything_is_written(tmp_path, override, needles):
     run_dir = tmp_path / "run"

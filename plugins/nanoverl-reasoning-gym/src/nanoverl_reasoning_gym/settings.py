@@ -1,6 +1,7 @@
 """[data.reasoning_gym] and [reward.reasoning_gym]: attrs classes, a default and a docstring per field
 (no reasoning_gym or torch import: checking a config's keys stays fast)."""
 
+import re
 from typing import Any
 
 import attrs
@@ -39,8 +40,25 @@ class ReasoningGymSettings:
     for none (the prompt is then the question alone)."""
 
 
+def _pattern(_instance, attribute, value: str) -> None:
+    """A regular expression that compiles, with at most one group (the answer when it has one)."""
+    if not value:
+        return
+    try:
+        groups = re.compile(value).groups
+    except re.error as exc:
+        raise ValueError(f"'{attribute.name}' = {value!r} is not a regular expression ({exc})") from None
+    if groups > 1:
+        raise ValueError(f"'{attribute.name}' = {value!r} has {groups} groups; use at most one, around the answer "
+                         "(make the others non-capturing: (?:...))")
+
+
 @attrs.define
 class ReasoningGymRewardSettings:
     answer_tag: str = "answer"
     """The answer is the text of the last <answer_tag>...</answer_tag> in the response (reasoning_gym's
     extract_answer; none scores the task's score of no answer, 0); "" scores the whole stripped response."""
+    answer_regex: str = attrs.field(default="", validator=_pattern)
+    """When set, the answer is instead the last match of this regular expression in the response (its group
+    when it has one; no match scores the task's score of no answer, 0), e.g. "-?\\d+" for the last integer:
+    for a model that states its answer plainly and never writes tags."""
