@@ -107,7 +107,7 @@ def test_tokenizer_without_pad_token_pads_with_eos(tmp_path, make_config):
 @pytest.mark.parametrize("path, message", [
     ("{tmp}/nope", "model.path = '{tmp}/nope' does not exist"),
     ("{tmp}/nope/SmolLM2-135M-Instruct.Q4_1.gguf", "does not exist; download the GGUF file first"),
-    ("{tmp}", "has no config.json"),
+    ("{tmp}", "'model.path': '{tmp}' holds no config.json"),     # the key's declared kind, at config load
 ])
 def test_a_bad_model_path_is_a_config_error(path, message, tmp_path, make_config):
     with pytest.raises(ConfigError, match=message.format(tmp=tmp_path).replace(".", r"\.")):
