@@ -389,13 +389,13 @@ class TorchActor(_TorchWorker):
     def _rows_of(self, batch: RLBatch, per_micro_batch: list[torch.Tensor]) -> torch.Tensor:
         """The update's per-micro-batch outputs of a one-mini-batch update put back in row order, every
         rank's rows gathered, zero on padding: (B, R), as `per_row` would have computed them. The split is
-        `minibatches`' own (deterministic), so the micro-batches are found again."""
-        def on_rows(share: RLBatch) -> torch.Tensor:
-            share = self.parallel.my_share(batch)       # the rows of on_my_rows, fill rows included
-            out = torch.zeros(share["response_mask"].shape, dtype=torch.float32)
-            for group, values in zip(self.micro_batches(share), per_micro_batch, strict=True):
+        `minibatches`' own (deterministic): on the rows of `my_share` (the same as `on_my_rows`' for the
+        whole batch, which is the one mini-batch), so the micro-batches are found again."""
+        def on_rows(rows: RLBatch) -> torch.Tensor:
+            out = torch.zeros(rows["response_mask"].shape, dtype=torch.float32)
+            for group, values in zip(self.micro_batches(rows), per_micro_batch, strict=True):
                 out[group] = values
-            return out * share["response_mask"]
+            return out * rows["response_mask"]
         return self.parallel.on_my_rows(batch, on_rows)
 
 
