@@ -62,12 +62,7 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
     if not path.exists():
         raise ConfigError(f"model.path = {cfg.path!r} does not exist; point it at a local model folder "
                           "(config.json + tokenizer files, with or without weights) or a .gguf file")
-    if not path.is_dir():
-        raise ConfigError(f"model.path = {cfg.path!r} is a file; point it at a model folder or a .gguf file")
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"model.path = {cfg.path!r} has no config.json; it must be a Hugging Face model "
-                          "folder (save one with model.save_pretrained or build a tiny one with "
-                          "`python -m nanoverl_hf.tiny --out DIR`)")
+    # a file that is not a .gguf, or a folder without config.json: refused at config load (model.path's kind)
     has_weights = any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS)
     return ModelSource(path, has_weights=has_weights)
 
