@@ -122,12 +122,15 @@ def split_key(cfg: DataConfig, split: str) -> str:
 
 def load_split(source, split: str, cfg: DataConfig, tokenizer, *, epoch: int = 0, tools: list | None = None,
                exclude: frozenset[str] = frozenset()) -> PromptDataset | None:
-    """The prompts of `source.rows(split, epoch)` (None when it has none), without those whose rendered
-    prompt is in `exclude` (the validation prompts, for a generated source's training rows)."""
+    """The prompts of `source.rows(split, epoch)` (None when it has none; "val": its first
+    data.val_max_samples rows when set), without those whose rendered prompt is in `exclude` (the
+    validation prompts, for a generated source's training rows)."""
     key = split_key(cfg, split)
     rows = [row if "__file__" in row else {"__file__": f"data.source {cfg.source!r} {split} epoch {epoch}",
                                            "__row__": i, **row}
             for i, row in enumerate(source.rows(split, epoch))]
+    if split == "val" and cfg.val_max_samples:
+        rows = rows[:cfg.val_max_samples]
     return prompts_from_rows(rows, cfg, tokenizer, key, tools, exclude) if rows else None
 
 

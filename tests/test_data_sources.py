@@ -72,6 +72,19 @@ def test_a_resumed_loader_regenerates_its_epoch_and_continues_at_the_same_row(co
         assert resumed.next_batch(0)["row"] == first.next_batch(0)["row"]
 
 
+def test_val_max_samples_keeps_the_first_validation_rows_and_training_skips_only_those(copy_gen):
+    source_mod, settings_mod = copy_gen
+    gen = source_mod.CopyGenerator(settings_mod.CopyGenSettings(digits=2, size=64, val_size=40))
+    every = [r["prompt"] for r in gen.rows("val", 0)]
+    cfg = DataConfig(source="copy_gen", batch_size=8, val_max_samples=5)
+    val = load_split(gen, "val", cfg, CharTokenizer())
+    assert [r["prompt"] for r in val.rows] == every[:5]
+    loader = PromptLoader(gen, cfg, CharTokenizer(), seed=0, exclude=frozenset(val.texts))
+    trained = {r["prompt"] for r in loader.dataset(0).rows}
+    assert not trained & set(every[:5]) and trained & set(every[5:])     # the 35 not validated on may be trained
+    assert len(load_split(gen, "val", DataConfig(source="copy_gen", val_max_samples=1000), CharTokenizer())) == 40
+
+
 def test_files_is_the_registered_default_source_and_reads_the_same_rows_every_epoch(tmp_path):
     proc = run_cli("--config", REINFORCE, "--dry-run", f"trainer.output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr

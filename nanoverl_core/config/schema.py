@@ -106,6 +106,10 @@ class DataConfig:
     """Prompts per step (before sampling n responses each)."""
     val_batch_size: int = attrs.field(default=64, validator=at_least(1))
     """Prompts per validation generate call."""
+    val_max_samples: int = attrs.field(default=0, validator=at_least(0))
+    """Validate on the first N validation rows only (0: every row), e.g. a slice of a test set too large for
+    a CPU (GSM8K's 1,319); verl's key of the same name. Training still skips every validation question of
+    a generated source that is validated on, and only those."""
     max_prompt_length: int = attrs.field(default=256, validator=at_least(1))
     """Prompts with more tokens are filtered out at load time (the count is logged)."""
     shuffle: bool = True
