@@ -1,23 +1,29 @@
 """What a generator data source costs the loader, against a tiny-task step.
 
-    .venv/bin/python benchmarks/data_source.py              # ~30 s on 2 busy cores (needs nanoverl-reasoning-gym)
-    .venv/bin/python benchmarks/data_source.py --size 2000 --epochs 3 --steps 20
+    .venv/bin/python benchmarks/data_source.py              # ~1 min (needs nanoverl-reasoning-gym)
+    .venv/bin/python benchmarks/data_source.py --size 640 --epochs 4
 
-Prints one JSON object:
+The steps are real tiny-task steps (examples/configs/tiny_grpo.toml through the real trainer: hf worker
+and rollout, 16 prompts x 16 samples, the ~83k-parameter model, one torch thread). After --warmup steps,
+blocks of steps alternate: the trainer alone, then the same number of steps each followed by a Reasoning
+Gym loader's `next_batch` (16 prompts), so the loader's epoch loads, and the prefetch thread that makes
+them while the steps run, land among real steps; blocks alternate so that drift in the machine's speed
+falls on both. Prints one JSON object:
 
-  step_s              median seconds of a tiny-task step (examples/configs/tiny_grpo.toml through the real
-                      trainer: hf worker and rollout, 16 prompts x 16 samples, the ~83k-parameter model),
-                      after --warmup steps
+  step_s              mean seconds of a tiny-task step alone (the blocks without a loader, first sweep)
   files_loader_s      median seconds the loader takes per step with data.source = "files" (the tiny task's
-                      2,048 prompts): the trainer's timing/data of the same steps
-  rg_loader_s         mean seconds per step of the loader (PromptLoader.next_batch, 16 prompts) with
-                      data.source = "reasoning_gym" over --epochs epochs of --size rows: each epoch's
-                      generation and tokenization (of every row, at the epoch's first batch) included,
-                      spread over the epoch's steps; rg_generate_s is the generation alone per step,
-                      rg_epoch_load_s one epoch's generation + tokenization, rg_val_load_s the validation
-                      rows' one-time cost (before the first step), rg_prompt_tokens_mean the prompts' length
-  rg_fraction_of_step rg_loader_s / step_s (the issue's budget: under 0.05); rg_generate_fraction_of_step,
-                      files_fraction_of_step alike
+                      2,048 prompts, tokenized once at load): the trainer's timing/data of those steps
+  rg_loader_s         mean seconds of next_batch per step with data.source = "reasoning_gym": --epochs
+                      epochs of --size rows, the first epoch's load (before the first step) included
+  rg_step_with_loader_s  mean seconds of a step in the blocks with that loader (the step, slowed by
+                      whatever the prefetch thread takes from it); rg_alone_step_s the blocks without
+  rg_fraction_of_step (rg_step_with_loader_s + rg_loader_s - rg_alone_step_s) / rg_alone_step_s: what the
+                      source adds to a step (the issue's budget: under 0.05)
+  rg_epoch_load_s     one epoch's generation + tokenization, made in the caller's thread (what a loader
+                      without prefetch would add at each epoch's first batch); rg_sync_fraction_of_step
+                      is that spread over the epoch's steps, over step_s
+  rg_generate_s       one epoch's generation alone; rg_val_load_s the validation rows' one-time cost
+                      (before the first step); rg_prompt_tokens_mean the prompts' length
   rg_no_system_*      the same without a system prompt (the question alone: ~6x shorter prompts)
 
 The Reasoning Gym rows (chain_sum and gcd, weights 2 : 1, Reasoning Gym's default system prompt, chat
@@ -34,19 +40,19 @@ import string
 import sys
 import time
 
-from common import ROOT, tmpdir
+from common import ROOT, load_average, tmpdir
 
 sys.path.insert(0, str(ROOT))
 
 
-def tiny_step_times(warmup: int, steps: int) -> tuple[list[float], list[float]]:
-    """(timing/step, timing/data) of `steps` tiny-task steps after `warmup`, through the real trainer."""
+def tiny_trainer(warmup: int):
+    """The tiny-task trainer (no validation, checkpoints or trackers), after `warmup` steps."""
     from nanoverl_core import load_config, load_registry
     from nanoverl_core.trainer.trainer import Trainer
 
     registry = load_registry()
     config = load_config(ROOT / "examples/configs/tiny_grpo.toml", [
-        f"trainer.output_dir={tmpdir('data-source') / 'run'}", f"trainer.total_steps={warmup + steps}",
+        f"trainer.output_dir={tmpdir('data-source') / 'run'}", "trainer.total_steps=100000",
         "trainer.val_every=0", "trainer.save_every=0", "trainer.rollout_samples=0", "tracking.trackers=[]",
         "trainer.progress=none"], registry=registry)
     for key in ("data.train_files", "data.val_files", "model.path"):   # relative to the checkout
@@ -55,19 +61,21 @@ def tiny_step_times(warmup: int, steps: int) -> tuple[list[float], list[float]]:
         setattr(getattr(config, section), name,
                 [str(ROOT / v) for v in value] if isinstance(value, list) else str(ROOT / value))
     trainer = Trainer(config, registry)
-    rows = []
-    for _ in range(warmup + steps):
-        trainer.step += 1
-        rows.append(trainer.train_step())
-    rows = rows[warmup:]
-    return [r["timing/step"] for r in rows], [r["timing/data"] for r in rows]
+    for _ in range(warmup):
+        step(trainer)
+    return trainer
 
 
-def rg_loader_times(size: int, epochs: int, batch: int, system_prompt: str) -> dict[str, float]:
+def step(trainer) -> dict[str, float]:
+    trainer.step += 1
+    return trainer.train_step()
+
+
+def rg_loader(size: int, batch: int, system_prompt: str):
+    """(source, config, tokenizer) of the Reasoning Gym rows the module docstring describes."""
     from tokenizers import Regex, pre_tokenizers
 
     from nanoverl_core import load_config, load_registry
-    from nanoverl_core.data import PromptLoader, load_split
     from nanoverl_hf.tiny import build_tokenizer
 
     tasks = "[{name: chain_sum, weight: 2, params: {max_terms: 3}}, {name: gcd}]"
@@ -79,51 +87,73 @@ def rg_loader_times(size: int, epochs: int, batch: int, system_prompt: str) -> d
     tokenizer = build_tokenizer(string.printable)
     # one token per character, newlines too (build_tokenizer's "." leaves runs of newlines as one unknown piece)
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    source = load_registry().get("data_source", "reasoning_gym")(config)
+    return load_registry().get("data_source", "reasoning_gym")(config), config, tokenizer
+
+
+def measure(trainer, size: int, epochs: int, batch: int, system_prompt: str, block: int) -> dict[str, float]:
+    """Alternating blocks of `block` steps alone and `block` steps each followed by the loader's next_batch."""
+    from nanoverl_core.data import PromptLoader, load_split
+
+    source, config, tokenizer = rg_loader(size, batch, system_prompt)
     start = time.perf_counter()
     val = load_split(source, "val", config.data, tokenizer)
     val_s = time.perf_counter() - start
     start = time.perf_counter()
     loader = PromptLoader(source, config.data, tokenizer, seed=0, exclude=frozenset(val.texts))
-    first_epoch_s = time.perf_counter() - start                       # epoch 0 loads before the first step
+    loader_s = [time.perf_counter() - start]                           # epoch 0 loads before the first step
     steps = epochs * loader.steps_per_epoch
+    alone, with_loader, files = [], [], []
+    while len(with_loader) < steps:
+        for _ in range(block):
+            start = time.perf_counter()
+            files.append(step(trainer)["timing/data"])
+            alone.append(time.perf_counter() - start)
+        for _ in range(min(block, steps - len(with_loader))):
+            start = time.perf_counter()
+            step(trainer)
+            with_loader.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            loader.next_batch(tokenizer.pad_token_id)
+            loader_s.append(time.perf_counter() - start)
     start = time.perf_counter()
-    for _ in range(steps):
-        loader.next_batch(tokenizer.pad_token_id)
-    batches_s = time.perf_counter() - start
-    start = time.perf_counter()
-    source.rows("train", epochs)                                      # one epoch's generation alone
+    source.rows("train", epochs + 1)                                  # one epoch's generation alone
     generate_s = time.perf_counter() - start
     start = time.perf_counter()
-    loader._load(epochs + 1)                                          # one epoch's generation + tokenization
+    loader._load(epochs + 2)                                          # one epoch's generation + tokenization
     epoch_s = time.perf_counter() - start
-    prompt_tokens = statistics.fmean(len(ids) for ids in loader.data.prompt_ids)
-    per_step = (first_epoch_s + batches_s) / steps
-    return {"loader_s": per_step, "generate_s": generate_s / loader.steps_per_epoch, "epoch_load_s": epoch_s,
-            "val_load_s": val_s, "steps": steps, "rows_per_epoch": len(loader.data),
-            "prompt_tokens_mean": round(prompt_tokens, 1)}
+    step_s, rg_step = statistics.fmean(alone), statistics.fmean(with_loader)
+    loader_mean = sum(loader_s) / steps
+    return {"step_s": step_s, "files_loader_s": statistics.median(files), "loader_s": loader_mean,
+            "step_with_loader_s": rg_step, "fraction_of_step": (rg_step + loader_mean - step_s) / step_s,
+            "epoch_load_s": epoch_s, "sync_fraction_of_step": epoch_s / loader.steps_per_epoch / step_s,
+            "generate_s": generate_s, "val_load_s": val_s, "steps": steps, "rows_per_epoch": len(loader.data),
+            "prompt_tokens_mean": statistics.fmean(len(ids) for ids in loader.data.prompt_ids)}
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", type=int, default=1000, help="Reasoning Gym training rows per epoch")
-    p.add_argument("--epochs", type=int, default=2, help="epochs of Reasoning Gym rows to load")
-    p.add_argument("--warmup", type=int, default=3, help="tiny-task steps before the measured ones")
-    p.add_argument("--steps", type=int, default=10, help="measured tiny-task steps")
+    p.add_argument("--size", type=int, default=320, help="Reasoning Gym training rows per epoch")
+    p.add_argument("--epochs", type=int, default=4, help="epochs of Reasoning Gym rows to load")
+    p.add_argument("--warmup", type=int, default=5, help="tiny-task steps before the measured ones")
+    p.add_argument("--block", type=int, default=10, help="steps per alternating block")
     args = p.parse_args(argv)
     import torch
     torch.set_num_threads(1)
-    step_s, data_s = tiny_step_times(args.warmup, args.steps)
-    step, files = statistics.median(step_s), statistics.median(data_s)
-    out = {"benchmark": "data_source", "step_s": round(step, 4), "files_loader_s": round(files, 6),
-           "files_fraction_of_step": round(files / step, 4)}
+    trainer = tiny_trainer(args.warmup)
+    out = {"benchmark": "data_source"}
     for name, prompt in (("rg", "default"), ("rg_no_system", "")):
-        rg = rg_loader_times(args.size, args.epochs, 16, prompt)
-        out.update({f"{name}_{k}": round(v, 6) if isinstance(v, float) else v for k, v in rg.items()})
-        out[f"{name}_fraction_of_step"] = round(rg["loader_s"] / step, 4)
-        out[f"{name}_generate_fraction_of_step"] = round(rg["generate_s"] / step, 4)
-    print(json.dumps({**out, "size": args.size, "epochs": args.epochs, "batch_prompts": 16,
-                      "steps_measured": args.steps}))
+        rg = measure(trainer, args.size, args.epochs, 16, prompt, args.block)
+        step_s, files = rg.pop("step_s"), rg.pop("files_loader_s")
+        if name == "rg":
+            out.update({"step_s": round(step_s, 4), "files_loader_s": round(files, 6),
+                        "files_fraction_of_step": round(files / step_s, 4)})
+        rg["generate_fraction_of_step"] = rg["generate_s"] / (rg["rows_per_epoch"] / 16) / step_s
+        out.update({f"{name}_{k}": round(v, 4 if "fraction" in k else 6) if isinstance(v, float) else v
+                    for k, v in rg.items()})
+        out[f"{name}_alone_step_s"] = round(step_s, 4)
+    print(json.dumps({**out, "size": args.size, "epochs": args.epochs, "batch_prompts": 16, "block": args.block,
+                      "load_average": load_average()}))
+
 
 if __name__ == "__main__":
     main()

@@ -139,10 +139,11 @@ def test_multiturn_cost_times_episodes_against_single_responses_of_as_many_token
                     or importlib.util.find_spec("nanoverl_hf") is None,
                     reason="needs nanoverl-reasoning-gym and nanoverl-hf")
 def test_data_source_reports_the_loader_against_a_tiny_step():
-    (row,) = run("data_source.py", "--size", "64", "--epochs", "1", "--warmup", "0", "--steps", "1")
+    (row,) = run("data_source.py", "--size", "64", "--epochs", "1", "--warmup", "0", "--block", "2")
     assert row["step_s"] > 0 and row["files_loader_s"] > 0 and row["rg_steps"] == 4 == row["rg_no_system_steps"]
     assert row["rg_rows_per_epoch"] == 64 and row["rg_prompt_tokens_mean"] > 3 * row["rg_no_system_prompt_tokens_mean"]
-    assert 0 < row["rg_generate_s"] < row["rg_loader_s"]
+    assert 0 < row["rg_generate_s"] < row["rg_epoch_load_s"] and row["rg_loader_s"] > 0
+    assert row["rg_step_with_loader_s"] > 0 and row["rg_alone_step_s"] > 0
 
 
 def test_memory_long_runs_the_tiny_task_with_checkpoints_and_validation():

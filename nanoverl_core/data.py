@@ -11,7 +11,9 @@ its epoch and continues at exactly the next prompt.
 
 from __future__ import annotations
 
+import copy
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -231,6 +233,30 @@ class StatefulSampler:
             self._set_size(self.epoch_size(self.epoch))
 
 
+class _Prefetch(threading.Thread):
+    """One epoch's load in a daemon thread: `result()` waits for it and raises what the load raised. A
+    daemon, so that an epoch the run never reaches does not hold up the process's exit."""
+
+    def __init__(self, epoch: int, load: Callable[[], PromptDataset]):
+        super().__init__(name=f"nanoverl-prefetch-epoch-{epoch}", daemon=True)
+        self.epoch, self._load = epoch, load
+        self._value: PromptDataset | None = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._load()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
+            self._error = exc
+
+    def result(self) -> PromptDataset:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class PromptLoader:
     """The training prompts, epoch by epoch, and the stateful sampler over them.
 
@@ -238,6 +264,12 @@ class PromptLoader:
     (`rows("train", e)`) when the sampler enters it, without the validation prompts (`exclude`). Any
     other source's rows are loaded once and reshuffled every epoch. The sampler's state is all a
     checkpoint needs: `sampler.load_state_dict` reloads the epoch it names.
+
+    While a generated source's epoch e trains, one background thread loads epoch e + 1 (as a
+    DataLoader's worker prefetches), with its own copy of the tokenizer, so that generating and
+    tokenizing fresh rows (the tokenizer's Rust code runs without the GIL) overlaps the steps instead of
+    stalling the first step of each epoch. The rows are the same either way: an epoch's rows are a pure
+    function of (source settings, epoch), and a load's error surfaces when its epoch is reached.
     """
 
     def __init__(self, source, cfg: DataConfig, tokenizer, seed: int, *, tools: list | None = None,
@@ -245,24 +277,33 @@ class PromptLoader:
         self.source, self.cfg, self.tokenizer, self.tools = source, cfg, tokenizer, tools
         self.generated = bool(getattr(source, "generated", False))
         self.exclude = exclude if self.generated else frozenset()
+        self._prefetch_tokenizer = copy.deepcopy(tokenizer) if self.generated else None
+        self._next: _Prefetch | None = None
         self.epoch, self.data = 0, self._load(0)
+        self._prefetch(1)
         self.steps_per_epoch = len(self.data) // cfg.batch_size
         """Full batches in epoch 0 (what trainer.total_epochs counts by)."""
         self.sampler = StatefulSampler(len(self.data), cfg.batch_size, seed, cfg.shuffle,
                                        epoch_size=lambda epoch: len(self.dataset(epoch)))
 
-    def _load(self, epoch: int) -> PromptDataset:
-        data = load_split(self.source, "train", self.cfg, self.tokenizer, epoch=epoch, tools=self.tools,
+    def _load(self, epoch: int, tokenizer=None) -> PromptDataset:
+        data = load_split(self.source, "train", self.cfg, self.tokenizer if tokenizer is None else tokenizer, epoch=epoch, tools=self.tools,
                           exclude=self.exclude)
         if data is None:
             raise DataError(f"{split_key(self.cfg, 'train')}: the data source {self.cfg.source!r} gave no training "
                             f"rows{f' for epoch {epoch}' if epoch else ''}; check its settings")
         return data
 
+    def _prefetch(self, epoch: int) -> None:
+        if self.generated:
+            self._next = _Prefetch(epoch, lambda: self._load(epoch, self._prefetch_tokenizer))
+
     def dataset(self, epoch: int) -> PromptDataset:
         """The prompts of `epoch` (a generated source's are loaded when first asked for)."""
         if self.generated and epoch != self.epoch:
-            self.epoch, self.data = epoch, self._load(epoch)
+            ready = self._next if self._next is not None and self._next.epoch == epoch else None
+            self.epoch, self.data = epoch, ready.result() if ready is not None else self._load(epoch)
+            self._prefetch(epoch + 1)
         return self.data
 
     def next_batch(self, pad_token_id: int) -> RLBatch:

@@ -295,8 +295,10 @@ class DataSource(Protocol):
       * ``generated``: True for a source that draws rows (a task generator). The loader then asks for
         the training rows of every epoch anew (``rows("train", epoch)``: fresh rows each epoch, when the
         source seeds them by its seed and the epoch) and drops training rows whose prompt is a validation
-        prompt, so training never sees one. False or absent: the rows of epoch 0 are every epoch's,
-        reshuffled (``data.shuffle``), and used as given.
+        prompt, so training never sees one. Epoch e + 1's rows are drawn in a background thread while
+        epoch e trains, so ``rows`` must not touch state the trainer shares (the global ``random``, say):
+        seed a generator of its own. False or absent: the rows of epoch 0 are every epoch's, reshuffled
+        (``data.shuffle``), and used as given.
     """
 
     def rows(self, split: str, epoch: int) -> Iterable[dict[str, Any]]:

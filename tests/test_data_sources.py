@@ -7,9 +7,12 @@ installed with pip; in-process tests import its source from that install, CLI te
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -17,6 +20,7 @@ from conftest import EXAMPLES, ROOT, assert_identical_runs, assert_user_error, r
 from nanoverl_core.builtins.debug import CharTokenizer
 from nanoverl_core.config import DataConfig
 from nanoverl_core.data import PromptLoader, load_split
+from nanoverl_core.errors import DataError
 
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
 QUIET = "trainer.progress=none"
@@ -83,6 +87,48 @@ def test_val_max_samples_keeps_the_first_validation_rows_and_training_skips_only
     trained = {r["prompt"] for r in loader.dataset(0).rows}
     assert not trained & set(every[:5]) and trained & set(every[5:])     # the 35 not validated on may be trained
     assert len(load_split(gen, "val", DataConfig(source="copy_gen", val_max_samples=1000), CharTokenizer())) == 40
+
+
+class _RecordingSource:
+    """A generated source of 16 copy rows an epoch that records which thread drew each epoch."""
+    generated = True
+
+    def __init__(self, fail_epoch: int | None = None):
+        self.calls, self.fail_epoch = [], fail_epoch
+
+    def rows(self, split, epoch):
+        self.calls.append((split, epoch, threading.current_thread() is threading.main_thread()))
+        if epoch == self.fail_epoch:
+            raise DataError(f"epoch {epoch} cannot be drawn")
+        rng = random.Random(f"{split}-{epoch}")
+        return [{"prompt": f"{rng.randrange(1000):03d}="} for _ in range(16)] if split == "train" else []
+
+
+def _drawn(source, call, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while call not in source.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return call in source.calls
+
+
+def test_the_next_epoch_is_drawn_in_the_background_while_this_one_trains():
+    source = _RecordingSource()
+    loader = PromptLoader(source, DataConfig(source="rec", batch_size=8, shuffle=False), CharTokenizer(), seed=0)
+    assert source.calls[0] == ("train", 0, True)
+    assert _drawn(source, ("train", 1, False))                       # prefetched before epoch 1 is asked for
+    batches = [[r["prompt"] for r in loader.next_batch(0)["row"]] for _ in range(4)]
+    assert ("train", 1, True) not in source.calls                    # the trainer's thread never drew epoch 1
+    assert batches[2] + batches[3] == [r["prompt"] for r in source.rows("train", 1)]
+    assert _drawn(source, ("train", 2, False))
+
+
+def test_an_epoch_that_cannot_be_drawn_fails_when_the_run_reaches_it_with_the_sources_error():
+    source = _RecordingSource(fail_epoch=1)
+    loader = PromptLoader(source, DataConfig(source="rec", batch_size=8), CharTokenizer(), seed=0)
+    assert _drawn(source, ("train", 1, False))                       # the background draw failed ...
+    loader.next_batch(0), loader.next_batch(0)                       # ... and epoch 0 trains all the same
+    with pytest.raises(DataError, match="epoch 1 cannot be drawn"):
+        loader.next_batch(0)
 
 
 def test_files_is_the_registered_default_source_and_reads_the_same_rows_every_epoch(tmp_path):
