@@ -17,7 +17,9 @@ Every benchmark builds its models locally (no downloads) into a temporary folder
 
 Weights are drawn once from seed 0 and saved as safetensors, so every contender loads the same files.
 `smollm2_folder` writes SmolLM2-135M's architecture (49,152-token vocabulary) as a config-only folder
-instead (random weights from trainer.seed; `lora.py` and `memory_flat.py --update` use it).
+instead (random weights from trainer.seed; `lora.py` and `memory_flat.py --update` use it), and
+`fixed_length_folder` any Llama shape on the 10m vocabulary as a config-only folder whose EOS the model
+cannot sample, so every response is exactly max_new_tokens long (`scaling.py` uses it).
 
   smollm2
          the real SmolLM2-135M-Instruct (models/SmolLM2-135M-Instruct.Q4_1.gguf, fetched by
@@ -85,6 +87,32 @@ def smollm2_folder(out: Path) -> tuple[Path, str]:
     tokenizer = build_tokenizer("0123456789=")
     tokenizer.save_pretrained(out)
     return out, source + ", random weights"
+
+
+NEVER_EOS = "<never>"
+"""The EOS of `fixed_length_folder`: a tokenizer id one past the model's vocabulary."""
+
+
+def fixed_length_folder(out: Path, *, hidden: int, layers: int, heads: int, intermediate: int,
+                        alphabet: str = MODELS["10m"]["alphabet"], max_positions: int = 1024) -> Path:
+    """A config-only Llama folder (random weights from trainer.seed, tied embeddings) whose responses
+    always run to max_new_tokens: the tokenizer's EOS is `NEVER_EOS`, one id past the model's vocabulary,
+    so the model cannot sample it (the hf loader warns that the tokenizer has one token more)."""
+    from transformers import LlamaConfig
+
+    from nanoverl_hf.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer(alphabet)
+    vocab = len(tokenizer)
+    tokenizer.add_special_tokens({"eos_token": NEVER_EOS})
+    out.mkdir(parents=True, exist_ok=True)
+    LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=heads, head_dim=hidden // heads,
+                max_position_embeddings=max_positions, tie_word_embeddings=True,
+                pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def smollm2_model(out: Path) -> Path:

@@ -78,6 +78,32 @@ WORKLOAD_SPECS = {
 }
 
 
+def measure(trainer, warmup: int, steps: int, samples: int) -> tuple[dict, list[dict], tuple[float, float, float]]:
+    """Run `warmup` + `steps` trainer steps of `samples` rows each. Returns the figures of the measured
+    steps (stage_s, step_cpu_s, response_length_mean, generated / trained tokens/s, tokens_per_s,
+    peak_rss_mb: see the module docstring), their metrics, and the step's median prompt, response and
+    prompt + response tokens."""
+    rows, cpu = [], []
+    for _ in range(warmup + steps):
+        start = now()
+        rows.append(nanoverl_step(trainer))
+        cpu.append(since(start)[1])
+    rows, cpu = rows[warmup:], cpu[warmup:]
+    stage = {s: round(median([r[f"timing/{s}"] for r in rows]), 4) for s in STAGES if f"timing/{s}" in rows[0]}
+    response = median([r["rollout/response_length/mean"] for r in rows]) * samples
+    prompt = median([r["rollout/prompt_length/mean"] for r in rows]) * samples
+    tokens = median([(r["rollout/prompt_length/mean"] + r["rollout/response_length/mean"]) * samples for r in rows])
+    figures = {
+        "stage_s": stage, "step_cpu_s": round(median(cpu), 4),
+        "response_length_mean": round(response / samples, 2),
+        "generated_tokens_per_s": round(response / stage["rollout"], 1),
+        "trained_tokens_per_s": round((prompt + response) / stage["actor_update"], 1),
+        "tokens_per_s": round(median([r["throughput/tokens_per_s"] for r in rows]), 1),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+    return figures, rows, (prompt, response, tokens)
+
+
 def run_one(spec: dict) -> dict:
     """Child process: build the model, run the trainer, return the workload's figures."""
     import torch
@@ -96,31 +122,16 @@ def run_one(spec: dict) -> dict:
         config = workload_config(spec["model"], model_dir, work / "run", spec, extra=extra)
     trainer = nanoverl_trainer(config)
     cuda = trainer.workers.actor.device.type == "cuda"
-    rows, cpu = [], []
-    for _ in range(spec["warmup"] + spec["steps"]):
-        start = now()
-        rows.append(nanoverl_step(trainer))
-        cpu.append(since(start)[1])
-    rows, cpu = rows[spec["warmup"]:], cpu[spec["warmup"]:]
-
-    stage = {s: round(median([r[f"timing/{s}"] for r in rows]), 4) for s in STAGES if f"timing/{s}" in rows[0]}
     samples = spec["batch"] * spec["n"]
-    response = median([r["rollout/response_length/mean"] for r in rows]) * samples
-    prompt = median([r["rollout/prompt_length/mean"] for r in rows]) * samples
-    tokens = median([(r["rollout/prompt_length/mean"] + r["rollout/response_length/mean"]) * samples for r in rows])
+    figures, rows, (prompt, response, tokens) = measure(trainer, spec["warmup"], spec["steps"], samples)
+    stage = figures["stage_s"]
     out = {
         "benchmark": "step_breakdown", "workload": spec["name"], "backend": spec["backend"],
         "model": spec["model"], "parameters": params, "algorithm": config.algorithm.advantage_estimator,
         "critic": config.critic.enable, "reference": config.reference.enable,
         "batch_prompts": spec["batch"], "n": spec["n"], "max_new_tokens": spec["max_new_tokens"],
         "device": str(trainer.workers.actor.device), "threads": torch.get_num_threads(),
-        "steps_measured": spec["steps"], "warmup": spec["warmup"],
-        "stage_s": stage, "step_cpu_s": round(median(cpu), 4),
-        "response_length_mean": round(response / samples, 2),
-        "generated_tokens_per_s": round(response / stage["rollout"], 1),
-        "trained_tokens_per_s": round((prompt + response) / stage["actor_update"], 1),
-        "tokens_per_s": round(median([r["throughput/tokens_per_s"] for r in rows]), 1),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "steps_measured": spec["steps"], "warmup": spec["warmup"], **figures,
     }
     if params is not None:
         module = trainer.workers.actor.module

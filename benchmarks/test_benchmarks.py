@@ -67,6 +67,22 @@ def test_profile_update_ranks_the_operators_of_one_update():
     assert "aten::mm" in [op["op"] for op in row["top_self_cpu"]]
 
 
+def test_scaling_quick_length_sweep_reports_every_point_and_draws_its_figure(tmp_path):
+    *points, summary = run("scaling.py", "--quick", "--sweeps", "length", "--out", str(tmp_path))
+    assert [p["max_new_tokens"] for p in points] == [8, 16] and [p["rows"] for p in points] == [4, 4]
+    # the EOS lies past the model's vocabulary: every response runs to the budget; prompts are "dddd="
+    assert [p["response_length_mean"] for p in points] == [8, 16] and [p["prompt_length_mean"] for p in points] == [5, 5]
+    assert [p["rollout_micro_batch_rows"] for p in points] == [4, 3]          # 64 // (5 + 8), 64 // (5 + 16)
+    assert [p["parameters"] for p in points] == [144_928, 144_928]           # hidden 32, 1 layer, 4,014 tokens
+    for p in points:
+        assert {"rollout", "actor_update", "step"} <= set(p["stage_s"]) and p["step_s"] == p["stage_s"]["step"] > 0
+        assert p["tokens_per_s"] > 0 and p["step_peak_rss_mb"] >= p["rss_before_steps_mb"] > 0
+    assert summary["sweep"] == "length" and summary["values"] == [8, 16] and summary["step_s_growth"][0] == 1.0
+    assert summary["figure"] == str(tmp_path / "scaling_length.png")
+    assert (tmp_path / "scaling_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "flat_32_to_256" not in summary                                   # only with 32 and 256 in the sweep
+
+
 def test_vs_bare_runs_both_contenders():
     (row,) = run("vs_bare.py", "--models", "tiny", "--steps", "1", "--warmup", "0")
     assert row["nanoverl_cpu_s_per_step"] > 0 and row["bare_cpu_s_per_step"] > 0
