@@ -126,17 +126,20 @@ def _linear_calls(workers) -> list[tuple[bool, torch.dtype]]:
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("chunk", [0, 3], ids=["full_logits", "chunked_head"])
-def test_every_forward_runs_under_the_compute_dtype_and_only_then(tmp_path, chunk):
+@pytest.mark.parametrize("chunk, checkpointing", [(0, False), (3, False), (3, True)],
+                         ids=["full_logits", "chunked_head", "gradient_checkpointing"])
+def test_every_forward_runs_under_the_compute_dtype_and_only_then(tmp_path, chunk, checkpointing):
     """compute_dtype "" enters no autocast anywhere (today's float32 numbers, bit for bit: the code path is
     the one before compute_dtype existed); "bfloat16" runs every linear layer of every pass in bf16: the
     log-prob, reference and value passes and both updates, through the prompt cache (rows repeat) and the
-    chunked LM head or the full logits."""
+    chunked LM head or the full logits; with gradient checkpointing the blocks recomputed in backward too."""
     for compute, want in (("", {(False, torch.float32)}), ("bfloat16", {(True, torch.bfloat16)})):
-        workers = _workers(tmp_path, f"model.compute_dtype={compute}", f"actor.logits_chunk_size={chunk}")
+        workers = _workers(tmp_path, f"model.compute_dtype={compute}", f"actor.logits_chunk_size={chunk}",
+                           f"model.gradient_checkpointing={str(checkpointing).lower()}")
         calls = _linear_calls(workers)
         _passes(workers)
-        assert workers.actor.cache_keyword is not None                   # the shared prompt cache stayed on
+        # the shared prompt cache stayed on (a checkpointed training pass runs plain; the log-prob passes use it)
+        assert workers.actor.cache_keyword is not None
         assert (workers.actor.chunked_head is not None) == (chunk > 0)
         assert len(calls) > 100 and set(calls) == want
 
