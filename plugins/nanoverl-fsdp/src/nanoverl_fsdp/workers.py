@@ -82,12 +82,12 @@ def make_workers(config: Config) -> Workers:
                                       weights=lora) if critic is not None else None)
 
 
-make_workers.export_checkpoint = export_checkpoint  # what `nanoverl-train export` calls for this worker
-make_workers.supports_lora = True                   # [model.lora], as the hf worker (nanoverl_hf.lora)
 def check_config(config: Config) -> None:
     """Before any write: the mixed-precision keys agree (settings.check_precision), model.path (and gguf) usable."""
     check_precision(config)
     check_model_source(config)
 
 
-make_workers.check_config = check_config
+make_workers.export_checkpoint = export_checkpoint  # what `nanoverl-train export` calls for this worker
+make_workers.supports_lora = True                   # [model.lora], as the hf worker (nanoverl_hf.lora)
+make_workers.check_config = check_config           # compute_dtype vs param_dtype, model.path, gguf: before any write
