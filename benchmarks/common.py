@@ -253,13 +253,13 @@ def workload_config(model_name: str, model: Path, out: Path, w: dict[str, int], 
                            **{"extra": extra, **base})
 
 
-def gemm_gflops(shape: tuple[int, int, int] = (2048, 2048, 2048), repeats: int = 10) -> float:
-    """This CPU's fp32 matmul throughput at torch's current thread count: GFLOP/s of the fastest of
-    `repeats` (m x k) @ (k x n) products after one warm-up (2 m k n FLOPs each)."""
+def gemm_gflops(shape: tuple[int, int, int] = (2048, 2048, 2048), repeats: int = 10, dtype: str = "float32") -> float:
+    """This CPU's matmul throughput in `dtype` (fp32 by default) at torch's current thread count: GFLOP/s of
+    the fastest of `repeats` (m x k) @ (k x n) products after one warm-up (2 m k n FLOPs each)."""
     import torch
 
     m, k, n = shape
-    a, b = torch.randn(m, k), torch.randn(k, n)
+    a, b = torch.randn(m, k, dtype=getattr(torch, dtype)), torch.randn(k, n, dtype=getattr(torch, dtype))
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):

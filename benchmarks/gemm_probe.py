@@ -1,14 +1,17 @@
-"""This CPU's achievable fp32 matmul throughput: the limit the actor update is measured against.
+"""This CPU's achievable fp32 and bf16 matmul throughput: the limit the actor update is measured against.
 
-    .venv/bin/python benchmarks/gemm_probe.py                 # 1 and 2 threads, ~1 min
-    .venv/bin/python benchmarks/gemm_probe.py --threads 2 --tokens 1280
+    .venv/bin/python benchmarks/gemm_probe.py                 # 1 and 2 threads, fp32 and bf16, ~2 min with bf16 instructions
+    .venv/bin/python benchmarks/gemm_probe.py --threads 2 --tokens 1280 --dtypes bfloat16
 
-One JSON object per thread count: GFLOP/s (2 m k n FLOPs / seconds, the fastest of --repeats calls
-after a warm-up) of a square 2048^3 product (common.gemm_gflops, the figure step_breakdown divides
-by) and of the products one SmolLM2-135M update pass runs on --tokens rows (a 16-row micro-batch of
-~80 tokens): the attention projections (576 -> 576, 576 -> 192), the MLP (576 -> 1536, 1536 -> 576),
-the LM head on a quarter of the rows (the response positions, 576 -> 49,152), forward and backward
-shapes (the backward's two products per layer: activations x weight^T and activations^T x grad).
+One JSON object per thread count and dtype (--dtypes: float32 bfloat16 by default; bf16 is what the
+update's matmuls run in with model.compute_dtype = "bfloat16"; a CPU without bf16 matmul instructions,
+AVX2 only, emulates them and its bf16 rows take many minutes): GFLOP/s (2 m k n FLOPs / seconds, the
+fastest of --repeats calls after a warm-up) of a square 2048^3 product (common.gemm_gflops, the figure
+step_breakdown divides by) and of the products one SmolLM2-135M update pass runs on --tokens rows (a
+16-row micro-batch of ~80 tokens): the attention projections (576 -> 576, 576 -> 192), the MLP
+(576 -> 1536, 1536 -> 576), the LM head on a quarter of the rows (the response positions,
+576 -> 49,152), forward and backward shapes (the backward's two products per layer: activations x
+weight^T and activations^T x grad).
 `summary.min_shape_over_square` says how far the model's own shapes fall below the square product.
 """
 
@@ -42,16 +45,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--tokens", type=int, default=1280, help="rows of one update pass (prompt + response tokens)")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"],
+                        default=["float32", "bfloat16"])
     args = parser.parse_args(argv)
     for threads in args.threads:
         torch.set_num_threads(threads)
-        square = gemm_gflops(repeats=args.repeats)
-        per_shape = {name: round(gemm_gflops(mkn, args.repeats), 1) for name, mkn in shapes(args.tokens).items()}
-        print(json.dumps({"benchmark": "gemm_probe", "threads": threads, "dtype": "float32",
-                          "square_2048_gflops": round(square, 1), "tokens": args.tokens, "shape_gflops": per_shape,
-                          "summary": {"min_shape_over_square": round(min(per_shape.values()) / square, 3),
-                                      "max_shape_over_square": round(max(per_shape.values()) / square, 3)},
-                          "machine": machine()}), flush=True)
+        for dtype in args.dtypes:
+            square = gemm_gflops(repeats=args.repeats, dtype=dtype)
+            per_shape = {name: round(gemm_gflops(mkn, args.repeats, dtype), 1)
+                         for name, mkn in shapes(args.tokens).items()}
+            print(json.dumps({"benchmark": "gemm_probe", "threads": threads, "dtype": dtype,
+                              "square_2048_gflops": round(square, 1), "tokens": args.tokens, "shape_gflops": per_shape,
+                              "summary": {"min_shape_over_square": round(min(per_shape.values()) / square, 3),
+                                          "max_shape_over_square": round(max(per_shape.values()) / square, 3)},
+                              "machine": machine()}), flush=True)
 
 
 if __name__ == "__main__":

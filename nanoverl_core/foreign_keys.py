@@ -130,7 +130,7 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "warmup_steps": (T, "actor.warmup_steps", ""),
     "lr_scheduler_type": (T, "actor.lr_schedule", "constant / cosine / linear"),
     "gradient_checkpointing": (T, "model.gradient_checkpointing", ""),
-    "bf16": (T, "model.dtype", "model.dtype = \"bfloat16\""),
+    "bf16": (T, "model.compute_dtype", "model.compute_dtype = \"bfloat16\": bf16 autocast over float32 weights"),
     "use_vllm": (T, "rollout.name", "rollout.name = \"vllm\""),
     "vllm_gpu_memory_utilization": (T, "rollout.vllm.gpu_memory_utilization", ""),
     "max_steps": (T, "trainer.total_steps", ""),

@@ -22,7 +22,8 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                   dtype: torch.dtype) -> torch.Tensor:
     """(c, H) -> (c, V) logits / temperature in `dtype`. The product runs in the head's own dtype, as the
     model's nn.Linear does (so a bf16 model gives the plain path's numbers, and no float32 copy of the
-    (V, H) weight is made); the softmax arithmetic after it runs in float32 or wider."""
+    (V, H) weight is made), or under autocast (model.compute_dtype) in its dtype, as the nn.Linear would; the
+    softmax arithmetic after it runs in float32 or wider."""
     z = F.linear(hidden, weight, bias).to(dtype)      # a fresh tensor: the in-place ops below touch nothing else
     return z.div_(temperature) if temperature != 1.0 else z
 
@@ -49,6 +50,10 @@ class _LinearLogProbs(torch.autograd.Function):
         one_chunk = z if 0 < n <= chunk_size and any(ctx.needs_input_grad[:3]) else None
         ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy, one_chunk)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        # backward recomputes the chunks' logits: under the forward's autocast, so as the forward made them
+        device = hidden.device.type
+        ctx.autocast = dict(device_type=device, enabled=torch.is_autocast_enabled(device),
+                            dtype=torch.get_autocast_dtype(device))
         ctx.set_materialize_grads(False)                  # an unused output's gradient arrives as None
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -57,6 +62,11 @@ class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_log_probs, grad_entropy):
+        with torch.autocast(**ctx.autocast):
+            return _LinearLogProbs._backward(ctx, grad_log_probs, grad_entropy)
+
+    @staticmethod
+    def _backward(ctx, grad_log_probs, grad_entropy):
         hidden, weight, bias, labels, lse, entropy, one_chunk = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         temperature, size, dtype = ctx.temperature, ctx.chunk_size, lse.dtype

@@ -102,6 +102,14 @@ def algorithm_rules(config: Config) -> None:
                           "set algorithm.filter_groups = true or remove the key")
 
 
+def model_rules(config: Config) -> None:
+    m = config.model
+    if m.compute_dtype and m.dtype != "float32" and m.compute_dtype != m.dtype:
+        raise ConfigError(f"model.compute_dtype = {m.compute_dtype!r} with model.dtype = {m.dtype!r}: autocast "
+                          "computes in a narrower dtype than the weights', not another one; set model.dtype = "
+                          "\"float32\" (float32 weights, mixed-precision compute) or leave model.compute_dtype empty")
+
+
 def lora_rules(config: Config) -> None:
     lora = config.model.lora
     if not lora.enable:
@@ -158,5 +166,5 @@ def data_file_rules(config: Config) -> None:
 
 
 SECTION_RULES = (trainer_rules, rollout_rules, actor_rules, critic_rules, reference_rules,
-                 algorithm_rules, lora_rules, reward_rules, data_file_rules)
+                 algorithm_rules, model_rules, lora_rules, reward_rules, data_file_rules)
 """The order `check_config` runs them in."""

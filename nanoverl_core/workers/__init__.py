@@ -17,13 +17,15 @@ strategies: ``parallel`` (``SingleProcess`` here, FSDP in nanoverl-fsdp) and ``w
 from .checkpoint import (MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, checkpoint_fits, load_optimizer, load_scheduler,
                          load_tensors, save_optimizer, save_scheduler, save_tensors)
 from .lm_head import ChunkedHead
-from .ppo import NonFiniteError, TorchActor, TorchCritic, Workers, build_scheduler, mean_metrics, resolve_device
+from .ppo import (NonFiniteError, TorchActor, TorchCritic, Workers, autocast, build_scheduler, mean_metrics,
+                  resolve_device)
 from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
 from .rows import model_inputs, token_budget_groups
 from .strategies import DataParallel, FullWeights, SingleProcess, Weights
 
 __all__ = ["MODEL_FILE", "OPTIMIZER_FILE", "SCHEDULER_FILE", "checkpoint_fits", "load_optimizer", "load_scheduler",
            "load_tensors", "save_optimizer", "save_scheduler", "save_tensors", "ChunkedHead", "NonFiniteError",
-           "TorchActor", "TorchCritic", "Workers", "build_scheduler", "mean_metrics", "model_inputs", "resolve_device",
+           "TorchActor", "TorchCritic", "Workers", "autocast", "build_scheduler", "mean_metrics", "model_inputs",
+           "resolve_device",
            "token_budget_groups", "cache_keyword", "checkpointed", "forward_keyword", "prompt_cache",
            "DataParallel", "FullWeights", "SingleProcess", "Weights"]

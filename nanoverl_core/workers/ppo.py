@@ -12,7 +12,8 @@ Module conventions: ``module(input_ids=, attention_mask=, position_ids=)`` retur
 ``get_output_embeddings()`` is an ``nn.Linear`` gets its response log-probs through that head a chunk
 of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py); a module whose forward takes
 a KV cache runs each distinct prompt of a micro-batch once (``actor.share_prompts``,
-workers/prompt_cache.py).
+workers/prompt_cache.py). With `model.compute_dtype` set, every module pass runs under its autocast
+(`autocast`); weights, gradients and AdamW state stay in `model.dtype`.
 
 The shared worker base and its two subclasses are one mechanism, read together; the parts that stand
 alone are their own modules: the strategies, a batch's rows as module inputs (rows.py), prompt
@@ -21,6 +22,8 @@ caching, the LM head and checkpoint files.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import sys
 from collections import defaultdict
@@ -35,7 +38,7 @@ from ..algos import (PolicyLossInputs, compute_actor_loss, compute_value_loss, e
                      logprobs_from_logits, loss_totals, sum_pi_squared_from_logits)
 from ..algos.losses import PolicyLoss
 from ..batch import RLBatch
-from ..config import ActorConfig, Config, CriticConfig, OptimConfig
+from ..config import ActorConfig, Config, CriticConfig, ModelConfig, OptimConfig
 from ..errors import ConfigError, UserError
 from ..protocols import Actor, Critic
 from .lm_head import ChunkedHead
@@ -76,6 +79,31 @@ def resolve_device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"trainer.device = {name!r} is not supported; use auto, cpu or cuda[:N]")
     return device
+
+
+def autocast(model: ModelConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """`model.compute_dtype` as a context for a forward pass on `device`: torch.autocast to it, or nothing
+    when it is unset or model.dtype itself (the weights' own dtype: no cast to make)."""
+    if not model.compute_dtype or model.compute_dtype == model.dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, model.compute_dtype))
+
+
+def cpu_has_fast(dtype: str) -> bool:
+    """Whether oneDNN finds this CPU's instructions for `dtype` matmuls (AVX512-BF16 / AMX / AVX512-FP16).
+    Without them a bf16 matmul is emulated, many times slower than float32 (see docs/backends.md#precision)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported" if dtype == "bfloat16" else
+                    "_is_mkldnn_fp16_supported", None)
+    return check is None or bool(check())
+
+
+@functools.cache
+def _warn_slow_compute_dtype(dtype: str) -> None:
+    """Once per process: model.compute_dtype on a CPU that emulates it."""
+    if not cpu_has_fast(dtype):
+        print(f"warning: model.compute_dtype = {dtype!r}, but this CPU has no {dtype} matmul instructions: its "
+              "matmuls run many times slower than float32 here; leave model.compute_dtype empty on this machine",
+              file=sys.stderr)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_updates: int | Callable[[], int]):
@@ -119,6 +147,8 @@ class _TorchWorker:
         self.cache_keyword = cache_keyword(module) if section.share_prompts else None
         """Set: each distinct prompt of a micro-batch runs once (`module_inputs`); None: every row runs whole."""
         self.prompts_checked = False
+        if self.device.type == "cpu" and config.model.compute_dtype not in ("", config.model.dtype):
+            _warn_slow_compute_dtype(config.model.compute_dtype)
         self.optimizer = self.scheduler = None
         if trainable:
             self.optimizer = torch.optim.AdamW(self.weights.parameters(module), lr=section.lr,
@@ -128,6 +158,11 @@ class _TorchWorker:
                                              lambda: (config.trainer.total_steps or 0) * updates_per_step)
         else:
             module.requires_grad_(False)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """A fresh context for one forward pass: `model.compute_dtype`'s autocast on this worker's device, or
+        nothing. Backward runs outside it, as torch.autocast asks: each op's gradient in its forward's dtype."""
+        return autocast(self.config.model, self.device)
 
     def clip_and_step(self, nonfinite_loss: bool) -> float:
         """Clip the global grad norm, then step unless anything is non-finite. Returns the norm."""
@@ -294,17 +329,19 @@ class TorchActor(_TorchWorker):
         self.chunked_head = ChunkedHead.of(module, config.actor.logits_chunk_size)
 
     def forward(self, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy."""
-        inputs, width = self.module_inputs(batch, keep_logits=self.keeps_logits)
-        responses = inputs["input_ids"][:, -width:]                           # (B, R')
-        scores = None
-        if self.chunked_head is not None:
-            valid = batch["response_mask"][:, :width].to(self.device).bool()
-            scores = self.chunked_head(self.module, inputs, responses, valid, self.temperature, with_entropy)
-            if scores is None:
-                self.chunked_head = None      # this model's head cannot be split off: full logits from now on
+        """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy.
+        The module runs under `model.compute_dtype` (autocast); log-softmax and entropy take float32 logits."""
+        with self.autocast():
+            inputs, width = self.module_inputs(batch, keep_logits=self.keeps_logits)
+            responses = inputs["input_ids"][:, -width:]                           # (B, R')
+            scores = None
+            if self.chunked_head is not None:     # its float32 log-softmax runs inside the module's forward
+                valid = batch["response_mask"][:, :width].to(self.device).bool()
+                scores = self.chunked_head(self.module, inputs, responses, valid, self.temperature, with_entropy)
+                if scores is None:
+                    self.chunked_head = None      # this model's head cannot be split off: full logits from now on
+            logits = self._logits(inputs, width) if scores is None else None
         if scores is None:
-            logits = self._logits(inputs, width)
             scores = logprobs_from_logits(logits, responses), (entropy_from_logits(logits) if with_entropy else None)
         log_probs, entropy = scores
         full = batch["responses"].shape[1]
@@ -323,8 +360,9 @@ class TorchActor(_TorchWorker):
         """(B, R) log pi(response token) and (B, R) sum over the vocabulary of pi^2 at each response
         position, zero on padding, from one pass over the full logits (the optimal token baseline's inputs)."""
         def both(mb: RLBatch) -> torch.Tensor:
-            inputs, width = self.module_inputs(mb, keep_logits=self.keeps_logits)
-            logits = self._logits(inputs, width)
+            with self.autocast():
+                inputs, width = self.module_inputs(mb, keep_logits=self.keeps_logits)
+                logits = self._logits(inputs, width)
             pair = torch.stack([logprobs_from_logits(logits, inputs["input_ids"][:, -width:]),
                                 sum_pi_squared_from_logits(logits)], dim=-1)                  # (b, R', 2)
             return torch.nn.functional.pad(pair, (0, 0, 0, mb["responses"].shape[1] - width))
@@ -417,8 +455,9 @@ class TorchCritic(_TorchWorker):
                          weights=weights)
 
     def forward(self, batch: RLBatch) -> torch.Tensor:
-        inputs, width = self.module_inputs(batch)
-        values = self.module(**inputs).logits[..., 0].float()
+        with self.autocast():
+            inputs, width = self.module_inputs(batch)
+            values = self.module(**inputs).logits[..., 0].float()
         return _pad_right(values[:, -width - 1:-1], batch["responses"].shape[1])
 
     def compute_values(self, batch: RLBatch) -> torch.Tensor:

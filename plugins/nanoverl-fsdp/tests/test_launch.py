@@ -38,3 +38,19 @@ def test_torchrun_runs_the_nanoverl_train_console_script(tmp_path):
     actor = out / "checkpoints" / "step_000001" / "actor"
     assert {p.name for p in actor.glob("*_rank*")} == {"model_rank0.safetensors", "model_rank1.safetensors",
                                                        "optimizer_rank0.pt", "optimizer_rank1.pt"}
+
+
+def test_compute_dtype_and_a_different_param_dtype_exit_2_with_one_line_naming_both(tmp_path):
+    """Both keys choose the dtype forward / backward run in: set alike (or one of them) they are accepted,
+    set differently the run stops before anything is written."""
+    from nanoverl_core.testing import assert_user_error
+    from nanoverl_fsdp.settings import check_precision
+
+    for compute, param in (("bfloat16", "float32"), ("bfloat16", "bfloat16"), ("", "bfloat16"), ("", "float16")):
+        check_precision(load_config(EXAMPLE, [f"model.compute_dtype={compute}", f"worker.fsdp.param_dtype={param}"],
+                                    registry=load_registry()))
+    out = tmp_path / "run"
+    proc = run([sys.executable, "-m", "nanoverl_core.cli", "--config", str(EXAMPLE), "model.compute_dtype=bfloat16",
+                "worker.fsdp.param_dtype=float16", f"trainer.output_dir={out}"], check=False)
+    assert_user_error(proc, "model.compute_dtype = 'bfloat16'", "worker.fsdp.param_dtype = 'float16'")
+    assert not out.exists()

@@ -240,6 +240,18 @@ def test_unsupported_settings_are_config_errors_before_the_engine_starts(tmp_pat
         VLLMRollout(cfg, make_workers(cfg))
 
 
+def test_the_engine_holds_its_weights_in_the_compute_dtype_when_set(tiny_dir, make_config, tmp_path):
+    """vLLM has no autocast: with model.compute_dtype set the engine runs in it (weights included, each sync
+    casting the actor's float32 tensors as they load); unset, in model.dtype as before."""
+    from nanoverl_vllm.engine import engine_kwargs, write_engine_folder
+
+    for compute, want in (("", "float32"), ("bfloat16", "bfloat16")):
+        cfg = make_config(tiny_dir, f"model.compute_dtype={compute}")
+        folder = tmp_path / f"engine_{want}"
+        hf_config = write_engine_folder(make_workers(cfg).actor.module, folder)
+        assert engine_kwargs(cfg, folder, hf_config, load_format="dummy", sleep=False)["dtype"] == want
+
+
 def test_sleeping_between_generate_calls_keeps_outputs_right(tiny_dir, make_config):
     """The sleep / wake-up sequence used on GPU (level 2 drops the weights), run on CPU where vLLM's
     worker makes the memory part a no-op: what is checked is that the rollout never generates from

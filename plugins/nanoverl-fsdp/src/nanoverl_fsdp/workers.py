@@ -12,7 +12,9 @@ LoRA ([model.lora]): the peft models of nanoverl_hf.lora are sharded the same wa
 sharded actor run with its adapter disabled.
 
 Mixed precision: parameters are stored (and optimised) in `model.dtype`; forward / backward run in
-`[worker.fsdp] param_dtype` and gradients are reduced in `reduce_dtype` (FSDP2 MixedPrecisionPolicy).
+`[worker.fsdp] param_dtype` and gradients are reduced in `reduce_dtype` (FSDP2 MixedPrecisionPolicy),
+or, with param_dtype left at model.dtype, under `model.compute_dtype`'s autocast as with the hf worker
+(the two set differently are refused at config check: `check_precision`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from nanoverl_hf.models import DTYPES, build_modules, check_model_source, resolv
 from . import parallel
 from .export import export_checkpoint
 from .parallel import FSDPParallel
-from .settings import FSDPSettings
+from .settings import FSDPSettings, check_precision
 
 log = logging.getLogger("nanoverl_fsdp")
 
@@ -80,6 +82,12 @@ def make_workers(config: Config) -> Workers:
                                       weights=lora) if critic is not None else None)
 
 
+def check_config(config: Config) -> None:
+    """Before any write: the mixed-precision keys agree (settings.check_precision), model.path (and gguf) usable."""
+    check_precision(config)
+    check_model_source(config)
+
+
 make_workers.export_checkpoint = export_checkpoint  # what `nanoverl-train export` calls for this worker
 make_workers.supports_lora = True                   # [model.lora], as the hf worker (nanoverl_hf.lora)
-make_workers.check_config = check_model_source     # model.path, gguf: before any write
+make_workers.check_config = check_config           # compute_dtype vs param_dtype, model.path, gguf: before any write

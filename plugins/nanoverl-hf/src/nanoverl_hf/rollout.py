@@ -11,6 +11,9 @@ micro-batch runs every distinct prompt but its last token once, copies that KV c
 repeat it, and lets generate continue from it (feeding each row only its last prompt token).
 `[rollout.hf] share_prompts = false` turns this off (settings.py).
 
+Precision: with `model.compute_dtype` set, prefill and decoding run under the same autocast as the
+actor's log-prob passes (the sampler reads float32 scores either way).
+
 Sampling follows the rollout.* keys only: the model's generation_config.json defaults (repetition
 penalty, top_k=50, ...) are replaced by a neutral config when the worker loads the model.
 """
@@ -22,7 +25,7 @@ import torch
 from nanoverl_core import RLBatch, SamplingParams, responses_to_batch
 from nanoverl_core.config import Config
 from nanoverl_core.rollout import stop_token_ids
-from nanoverl_core.workers import cache_keyword, forward_keyword, prompt_cache
+from nanoverl_core.workers import autocast, cache_keyword, forward_keyword, prompt_cache
 
 from .models import load_policy, neutral_generation_config, resolve_source
 from .settings import HFRolloutSettings
@@ -153,8 +156,9 @@ class HFRollout:
                 first = int(mask.any(0).int().argmax())                          # drop all-padding columns
                 ids = prompts[start:start + micro, first:].to(self.device)
                 mask = mask[:, first:].to(self.device)
-                out = self.module.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config,
-                                           logits_processor=processors, **self._prefix_cache(ids, mask))
+                with autocast(self.config.model, self.device):          # model.compute_dtype, as the actor's passes
+                    out = self.module.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config,
+                                               logits_processor=processors, **self._prefix_cache(ids, mask))
                 responses.append(out[:, ids.shape[1]:].cpu())                    # (b, R) new tokens: one copy
         finally:
             self.module.train(was_training)

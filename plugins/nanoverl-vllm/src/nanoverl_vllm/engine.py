@@ -141,6 +141,13 @@ def _check_model(config: Config, hf_config, max_model_len: int) -> None:
                               "lower it or use rollout.name = hf")
 
 
+def engine_dtype(config: Config) -> str:
+    """The engine's weight and compute dtype: model.compute_dtype when set, else model.dtype. vLLM holds its
+    own copy of the weights and has no autocast, so mixed precision there is weights in the compute dtype;
+    each sync casts the actor's (model.dtype) tensors into it as they load."""
+    return config.model.compute_dtype or config.model.dtype
+
+
 def _cpu_kv_cache_bytes(config: Config, hf_config, max_model_len: int) -> int:
     """Enough KV cache for the largest generate call (train or validation) with no preemption, x1.5.
 
@@ -149,7 +156,7 @@ def _cpu_kv_cache_bytes(config: Config, hf_config, max_model_len: int) -> int:
     """
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    dtype_bytes = torch.finfo(getattr(torch, config.model.dtype)).bits // 8
+    dtype_bytes = torch.finfo(getattr(torch, engine_dtype(config))).bits // 8
     per_token = 2 * text.num_hidden_layers * kv_heads * _head_dim(hf_config) * dtype_bytes
     rows = max(config.data.batch_size * config.rollout.n, config.data.val_batch_size * config.rollout.val_n)
     block = 128                                       # the CPU backend's KV block size; sequences round up to it
@@ -172,7 +179,7 @@ def engine_kwargs(config: Config, folder: Path, hf_config, *, load_format: str, 
         skip_tokenizer_init=True,                     # prompts are token ids; responses stay token ids
         generation_config="vllm",                     # ignore generation_config.json defaults: rollout.* rules
         logprobs_mode="processed_logprobs",           # log-probs of the distribution actually sampled from
-        dtype=config.model.dtype, seed=config.trainer.seed, max_model_len=max_model_len,
+        dtype=engine_dtype(config), seed=config.trainer.seed, max_model_len=max_model_len,
         gpu_memory_utilization=settings.gpu_memory_utilization, trust_remote_code=config.model.trust_remote_code,
         enforce_eager=True,                           # no CUDA graphs / torch.compile: fast, predictable start
         enable_sleep_mode=sleep and sleep_supported(), disable_log_stats=True)
