@@ -95,7 +95,7 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args = p.parse_args(argv)
     registry = load_registry()
-    config = load_config(args.config, args.overrides, registry=registry)
+    config = load_config(args.config, args.overrides, registry=registry, training=False)  # no training data needed
     from .trainer.commands import run_eval
     from .trainer.validation import format_eval
     with stdout_to_stderr() if args.json else contextlib.nullcontext():  # --json: stdout holds the JSON alone

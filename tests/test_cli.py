@@ -119,6 +119,18 @@ def test_eval_samples_writes_every_scored_sample_with_its_data_row(tmp_path):
     assert_user_error(missing, "--samples", "does not exist")
 
 
+def test_eval_needs_no_training_data_and_scores_the_first_val_max_samples_rows(tmp_path):
+    """An evaluation-only config (no data.train_files) evaluates; training with it is still one line."""
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps({"prompt": f"{p}=", "target": p}) + "\n" for p in ("123", "456", "789")))
+    args = ["--config", str(EXAMPLES / "debug_reinforce.toml"), "data.train_files=[]", f"data.val_files=[{val}]",
+            "reward.workers=0"]
+    proc = run_cli("eval", "--json", *args, "data.val_max_samples=2", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["prompts"] == 2
+    assert_user_error(run_cli("--dry-run", *args, f"trainer.output_dir={tmp_path / 'run'}"), "data.train_files is empty")
+
+
 def test_eval_json_stdout_holds_the_json_alone_whatever_prints(tmp_path):
     """`eval --json | jq` works even when a component prints to stdout, in the trainer or in a process it
     starts (vLLM's engine core logs there): during the evaluation fd 1 goes to stderr."""

@@ -28,14 +28,15 @@ if TYPE_CHECKING:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
-                registry: Registry) -> Config:
+                registry: Registry, training: bool = True) -> Config:
     """Read a TOML / YAML / JSON config, apply dotted overrides, structure and validate it, and give
-    each selected component its settings (`registry`: the installed plugins, `load_registry()`)."""
-    return config_from_dict(_read_file(Path(path)) if path else {}, overrides, registry=registry)
+    each selected component its settings (`registry`: the installed plugins, `load_registry()`).
+    `training` false: the config only evaluates (`nanoverl-train eval`), training data may be absent."""
+    return config_from_dict(_read_file(Path(path)) if path else {}, overrides, registry=registry, training=training)
 
 
 def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = (), *,
-                     registry: Registry) -> Config:
+                     registry: Registry, training: bool = True) -> Config:
     """`load_config` of an already parsed mapping (a run's config.json holds one under "config")."""
     data = json.loads(json.dumps(data))  # a private copy: overrides and table extraction edit it
     for override in overrides:
@@ -47,7 +48,7 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...
     _one_run_length(data, overrides)
     tables = _pop_component_tables(data)
     check_keys(data, Config, root=Config)
-    config = structure_as(data, Config).validate()
+    config = structure_as(data, Config).validate(training=training)
     return component_settings(config, registry, tables)
 
 

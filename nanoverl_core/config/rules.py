@@ -20,10 +20,13 @@ if TYPE_CHECKING:
     from .schema import Config
 
 
-def check_config(config: Config) -> None:
-    """Raise a ConfigError for the first impossible combination."""
+def check_config(config: Config, *, training: bool = True) -> None:
+    """Raise a ConfigError for the first impossible combination; `training` false (`nanoverl-train eval`)
+    skips what only a training run needs (training data)."""
     for rule in SECTION_RULES:
         rule(config)
+    if training:
+        training_data_rules(config)
 
 
 def _changed_fields(obj: Any, default: Any, ignore: set[str]) -> list[str]:
@@ -157,12 +160,15 @@ def data_file_rules(config: Config) -> None:
             raise ConfigError(f"data.{given[0]} is set but data.source = {config.data.source!r} draws its own rows; "
                               "remove the files, or set data.source = \"files\"")
         return
-    if not config.data.train_files:
-        raise ConfigError("data.train_files is empty; name at least one jsonl / json / parquet file, in a "
-                          "--config file or as an override (data.train_files=train.parquet)")
     if config.trainer.eval_before_after and not config.data.val_files:
         raise ConfigError("trainer.eval_before_after = true evaluates on data.val_files, which is empty; "
                           "name a validation file or set trainer.eval_before_after = false")
+
+
+def training_data_rules(config: Config) -> None:
+    if config.data.source == "files" and not config.data.train_files:
+        raise ConfigError("data.train_files is empty; name at least one jsonl / json / parquet file, in a "
+                          "--config file or as an override (data.train_files=train.parquet)")
 
 
 SECTION_RULES = (trainer_rules, rollout_rules, actor_rules, critic_rules, reference_rules,

@@ -502,10 +502,10 @@ class Config:
                     data[section][name] = converter.unstructure(settings)
         return data
 
-    def validate(self) -> "Config":
+    def validate(self, *, training: bool = True) -> "Config":
         """Reject impossible combinations before anything heavy loads (the rules, section by section, are
-        in rules.py)."""
-        check_config(self)
+        in rules.py); `training` false: a config that only evaluates (no training data needed)."""
+        check_config(self, training=training)
         return self
 
 
