@@ -4,10 +4,13 @@
     python benchmarks/gpu_check.py --smoke      # on CPU: tiny shape, 2 steps; proves the script runs
 
 The model has Qwen2.5-0.5B's shape (the config dict below: hidden 896, 24 layers, 14 heads, 2 KV
-heads, intermediate 4864, vocabulary 151,936, tied embeddings, bf16) with random weights drawn from
+heads, intermediate 4864, vocabulary 151,936, tied embeddings) with random weights drawn from
 trainer.seed at load time, and a tokenizer built locally (one token per character, 151,936 of them):
 nothing is downloaded. A random policy almost never samples EOS, so every response runs to
 max_new_tokens and the work per step is fixed. The prompts are examples/data/tiny_copy (5 tokens).
+Every path trains in bf16 mixed precision, as GPU recipes do: float32 weights and AdamW state,
+`model.compute_dtype = "bfloat16"` (autocast; FSDP2's `param_dtype` for the fsdp worker; the vLLM
+engine's own weights in bf16).
 
 Two paths, each in its own subprocess through the real trainer, GRPO, `--warmup` + `--steps` steps:
   hf     worker `hf`, rollout `hf` sharing the actor's module (trainer.device=cuda)
@@ -135,7 +138,7 @@ def run_path(spec: dict) -> dict:
             return {"path": spec["path"], "skipped": f"{module} is not importable ({type(exc).__name__}: {exc})"}
     out = Path(spec["work"]) / spec["path"]
     overrides = [
-        f"model.path={spec['model']}", f"model.dtype={spec['dtype']}", f"trainer.device={spec['device']}",
+        f"model.path={spec['model']}", "model.dtype=float32", f"model.compute_dtype={spec['dtype']}", f"trainer.device={spec['device']}",
         f"trainer.output_dir={out}", "trainer.total_steps=1000", "trainer.val_every=0", "trainer.save_every=0",
         "trainer.rollout_samples=0", "trainer.progress=none", f"trainer.num_threads={spec['threads']}",
         "tracking.trackers=[]", f"data.train_files=[{ROOT / 'examples/data/tiny_copy/train.jsonl'}]",
