@@ -158,10 +158,11 @@ class ModelConfig:
     (bfloat16 here is a pure-bf16 model; bf16 mixed precision is compute_dtype)."""
     compute_dtype: Literal["", "float32", "bfloat16", "float16"] = ""
     """Mixed precision. "" (default): compute in model.dtype, no autocast. "bfloat16" / "float16": the
-    actor's and critic's forward and backward (update, log-prob, reference and value passes) and the hf
-    rollout's generate run under torch.autocast to it, while weights, gradients and AdamW state stay in
-    model.dtype (keep "float32": TRL's bf16 = true, verl's FSDP mixed precision); log-softmax, entropy
-    and the losses stay float32. The vllm rollout runs its own weights in it. "float16" has no loss
+    actor's and critic's forward and backward (update, log-prob, reference and value passes) and a
+    rollout sharing their modules run under torch.autocast to it, while weights, gradients and AdamW
+    state stay in model.dtype (keep "float32": TRL's bf16 = true, verl's mixed precision); log-softmax,
+    entropy and the losses stay float32. An engine with its own copy of the weights holds them in it
+    (docs/backends.md#precision). "float16" has no loss
     scaling here (gradients can underflow): prefer "bfloat16". Not wider than model.dtype."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
