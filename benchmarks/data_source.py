@@ -13,8 +13,10 @@ falls on both. Prints one JSON object:
   step_s              mean seconds of a tiny-task step alone (the blocks without a loader, first sweep)
   files_loader_s      median seconds the loader takes per step with data.source = "files" (the tiny task's
                       2,048 prompts, tokenized once at load): the trainer's timing/data of those steps
-  rg_loader_s         mean seconds of next_batch per step with data.source = "reasoning_gym": --epochs
-                      epochs of --size rows, the first epoch's load (before the first step) included
+  rg_loader_s         mean seconds of next_batch per step with data.source = "reasoning_gym" over --epochs
+                      epochs of --size rows (collation, and waiting for an epoch the thread has not
+                      finished); rg_startup_load_s the first epoch's load, made once before the first
+                      step as a files source reads its files (neither is in the per-step figures)
   rg_step_with_loader_s  mean seconds of a step in the blocks with that loader (the step, slowed by
                       whatever the prefetch thread takes from it); rg_alone_step_s the blocks without
   rg_fraction_of_step (rg_step_with_loader_s + rg_loader_s - rg_alone_step_s) / rg_alone_step_s: what the
@@ -23,7 +25,7 @@ falls on both. Prints one JSON object:
                       without prefetch would add at each epoch's first batch); rg_sync_fraction_of_step
                       is that spread over the epoch's steps, over step_s
   rg_generate_s       one epoch's generation alone; rg_val_load_s the validation rows' one-time cost
-                      (before the first step); rg_prompt_tokens_mean the prompts' length
+                      (before the first step, like rg_startup_load_s); rg_prompt_tokens_mean the prompts' length
   rg_no_system_*      the same without a system prompt (the question alone: ~6x shorter prompts)
 
 The Reasoning Gym rows (chain_sum and gcd, weights 2 : 1, Reasoning Gym's default system prompt, chat
@@ -100,7 +102,8 @@ def measure(trainer, size: int, epochs: int, batch: int, system_prompt: str, blo
     val_s = time.perf_counter() - start
     start = time.perf_counter()
     loader = PromptLoader(source, config.data, tokenizer, seed=0, exclude=frozenset(val.texts))
-    loader_s = [time.perf_counter() - start]                           # epoch 0 loads before the first step
+    startup_s = time.perf_counter() - start                            # epoch 0 loads before the first step
+    loader_s = []
     steps = epochs * loader.steps_per_epoch
     alone, with_loader, files = [], [], []
     while len(with_loader) < steps:
@@ -126,7 +129,7 @@ def measure(trainer, size: int, epochs: int, batch: int, system_prompt: str, blo
     return {"step_s": step_s, "files_loader_s": statistics.median(files), "loader_s": loader_mean,
             "step_with_loader_s": rg_step, "fraction_of_step": (rg_step + loader_mean - step_s) / step_s,
             "epoch_load_s": epoch_s, "sync_fraction_of_step": epoch_s / loader.steps_per_epoch / step_s,
-            "generate_s": generate_s, "val_load_s": val_s, "steps": steps, "rows_per_epoch": len(loader.data),
+            "generate_s": generate_s, "startup_load_s": startup_s, "val_load_s": val_s, "steps": steps, "rows_per_epoch": len(loader.data),
             "prompt_tokens_mean": statistics.fmean(len(ids) for ids in loader.data.prompt_ids)}
 
 
