@@ -42,7 +42,7 @@ import string
 import sys
 import time
 
-from common import ROOT, load_average, tmpdir
+from common import ROOT, load_average, nanoverl_step, tmpdir
 
 sys.path.insert(0, str(ROOT))
 
@@ -64,13 +64,8 @@ def tiny_trainer(warmup: int):
                 [str(ROOT / v) for v in value] if isinstance(value, list) else str(ROOT / value))
     trainer = Trainer(config, registry)
     for _ in range(warmup):
-        step(trainer)
+        nanoverl_step(trainer)
     return trainer
-
-
-def step(trainer) -> dict[str, float]:
-    trainer.step += 1
-    return trainer.train_step()
 
 
 def rg_loader(size: int, batch: int, system_prompt: str):
@@ -109,11 +104,11 @@ def measure(trainer, size: int, epochs: int, batch: int, system_prompt: str, blo
     while len(with_loader) < steps:
         for _ in range(block):
             start = time.perf_counter()
-            files.append(step(trainer)["timing/data"])
+            files.append(nanoverl_step(trainer)["timing/data"])
             alone.append(time.perf_counter() - start)
         for _ in range(min(block, steps - len(with_loader))):
             start = time.perf_counter()
-            step(trainer)
+            nanoverl_step(trainer)
             with_loader.append(time.perf_counter() - start)
             start = time.perf_counter()
             loader.next_batch(tokenizer.pad_token_id)
@@ -122,14 +117,15 @@ def measure(trainer, size: int, epochs: int, batch: int, system_prompt: str, blo
     source.rows("train", epochs + 1)                                  # one epoch's generation alone
     generate_s = time.perf_counter() - start
     start = time.perf_counter()
-    loader._load(epochs + 2)                                          # one epoch's generation + tokenization
+    loader._load(epochs + 2, tokenizer)                               # one epoch's generation + tokenization
     epoch_s = time.perf_counter() - start
     step_s, rg_step = statistics.fmean(alone), statistics.fmean(with_loader)
     loader_mean = sum(loader_s) / steps
     return {"step_s": step_s, "files_loader_s": statistics.median(files), "loader_s": loader_mean,
             "step_with_loader_s": rg_step, "fraction_of_step": (rg_step + loader_mean - step_s) / step_s,
             "epoch_load_s": epoch_s, "sync_fraction_of_step": epoch_s / loader.steps_per_epoch / step_s,
-            "generate_s": generate_s, "startup_load_s": startup_s, "val_load_s": val_s, "steps": steps, "rows_per_epoch": len(loader.data),
+            "generate_s": generate_s, "startup_load_s": startup_s, "val_load_s": val_s, "steps": steps,
+            "rows_per_epoch": len(loader.data),
             "prompt_tokens_mean": statistics.fmean(len(ids) for ids in loader.data.prompt_ids)}
 
 

@@ -279,15 +279,15 @@ class PromptLoader:
         self.exclude = exclude if self.generated else frozenset()
         self._prefetch_tokenizer = copy.deepcopy(tokenizer) if self.generated else None
         self._next: _Prefetch | None = None
-        self.epoch, self.data = 0, self._load(0)
+        self.epoch, self.data = 0, self._load(0, tokenizer)
         self._prefetch(1)
         self.steps_per_epoch = len(self.data) // cfg.batch_size
         """Full batches in epoch 0 (what trainer.total_epochs counts by)."""
         self.sampler = StatefulSampler(len(self.data), cfg.batch_size, seed, cfg.shuffle,
                                        epoch_size=lambda epoch: len(self.dataset(epoch)))
 
-    def _load(self, epoch: int, tokenizer=None) -> PromptDataset:
-        data = load_split(self.source, "train", self.cfg, self.tokenizer if tokenizer is None else tokenizer, epoch=epoch, tools=self.tools,
+    def _load(self, epoch: int, tokenizer) -> PromptDataset:
+        data = load_split(self.source, "train", self.cfg, tokenizer, epoch=epoch, tools=self.tools,
                           exclude=self.exclude)
         if data is None:
             raise DataError(f"{split_key(self.cfg, 'train')}: the data source {self.cfg.source!r} gave no training "
@@ -302,7 +302,7 @@ class PromptLoader:
         """The prompts of `epoch` (a generated source's are loaded when first asked for)."""
         if self.generated and epoch != self.epoch:
             ready = self._next if self._next is not None and self._next.epoch == epoch else None
-            self.epoch, self.data = epoch, ready.result() if ready is not None else self._load(epoch)
+            self.epoch, self.data = epoch, ready.result() if ready is not None else self._load(epoch, self.tokenizer)
             self._prefetch(epoch + 1)
         return self.data
 

@@ -162,8 +162,8 @@ class ModelConfig:
     rollout sharing their modules run under torch.autocast to it, while weights, gradients and AdamW
     state stay in model.dtype (keep "float32": TRL's bf16 = true, verl's mixed precision); log-softmax,
     entropy and the losses stay float32. An engine with its own copy of the weights holds them in it
-    (docs/backends.md#precision). "float16" has no loss
-    scaling here (gradients can underflow): prefer "bfloat16". Not wider than model.dtype."""
+    (docs/backends.md#precision). "float16" has no loss scaling here (gradients can underflow): prefer
+    "bfloat16". Not wider than model.dtype."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False

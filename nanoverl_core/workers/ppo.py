@@ -81,12 +81,17 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def autocast_dtype(model: ModelConfig) -> str:
+    """The dtype `model.compute_dtype` casts to: "" when it is unset or model.dtype itself (the weights'
+    own dtype: no cast to make)."""
+    return model.compute_dtype if model.compute_dtype != model.dtype else ""
+
+
 def autocast(model: ModelConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    """`model.compute_dtype` as a context for a forward pass on `device`: torch.autocast to it, or nothing
-    when it is unset or model.dtype itself (the weights' own dtype: no cast to make)."""
-    if not model.compute_dtype or model.compute_dtype == model.dtype:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=getattr(torch, model.compute_dtype))
+    """`model.compute_dtype` as a context for a forward pass on `device`: torch.autocast to
+    `autocast_dtype`, or nothing when there is no cast to make."""
+    dtype = autocast_dtype(model)
+    return torch.autocast(device.type, dtype=getattr(torch, dtype)) if dtype else contextlib.nullcontext()
 
 
 def cpu_has_fast(dtype: str) -> bool:
@@ -147,8 +152,8 @@ class _TorchWorker:
         self.cache_keyword = cache_keyword(module) if section.share_prompts else None
         """Set: each distinct prompt of a micro-batch runs once (`module_inputs`); None: every row runs whole."""
         self.prompts_checked = False
-        if self.device.type == "cpu" and config.model.compute_dtype not in ("", config.model.dtype):
-            _warn_slow_compute_dtype(config.model.compute_dtype)
+        if self.device.type == "cpu" and autocast_dtype(config.model):
+            _warn_slow_compute_dtype(autocast_dtype(config.model))
         self.optimizer = self.scheduler = None
         if trainable:
             self.optimizer = torch.optim.AdamW(self.weights.parameters(module), lr=section.lr,
