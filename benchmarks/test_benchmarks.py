@@ -73,6 +73,13 @@ def test_profile_update_ranks_the_operators_of_one_update():
     assert "aten::mm" in [op["op"] for op in row["top_self_cpu"]]
 
 
+def test_compile_update_compares_a_compiled_trainer_with_an_eager_one():
+    (row,) = run("compile_update.py", "--model", "tiny", "--threads", "1", "--steps", "1")
+    assert 0 <= row["log_prob_max_abs_diff"] < 1e-5
+    assert row["compiled_graphs_after_first_step"] > 0 and row["graphs_after_first_step"] == 0 and row["compile_s"] > 0
+    assert set(row["median_s"]) == {"eager", "compiled"} and row["eager_over_compiled"]["step"] > 0
+
+
 def test_scaling_quick_length_sweep_reports_every_point_and_draws_its_figure(tmp_path):
     *points, summary = run("scaling.py", "--quick", "--sweeps", "length", "--out", str(tmp_path))
     assert [p["max_new_tokens"] for p in points] == [8, 16] and [p["rows"] for p in points] == [4, 4]

@@ -55,6 +55,9 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     # ---- verl: actor_rollout_ref ----
     f"{_AR}.model.path": (V, "model.path", ""),
     f"{_AR}.model.enable_gradient_checkpointing": (V, "model.gradient_checkpointing", ""),
+    f"{_AR}.actor.use_torch_compile": (V, "model.compile", "nanoverl compiles the blocks' norms and MLPs and the "
+                                                         "LM head's log-softmax, verl its entropy and log-prob "
+                                                         "functions"),
     f"{_AR}.model.lora_rank": (V, "model.lora.rank", "with model.lora.enable = true"),
     f"{_AR}.model.lora_alpha": (V, "model.lora.alpha", ""),
     f"{_AR}.model.target_modules": (V, "model.lora.target_modules", ""),
@@ -130,6 +133,8 @@ FOREIGN_KEYS: dict[str, tuple[str, str, str]] = {
     "warmup_steps": (T, "actor.warmup_steps", ""),
     "lr_scheduler_type": (T, "actor.lr_schedule", "constant / cosine / linear"),
     "gradient_checkpointing": (T, "model.gradient_checkpointing", ""),
+    "torch_compile": (T, "model.compile", "torch.compile of the blocks' norms and MLPs and the LM head's "
+                                         "log-softmax"),
     "bf16": (T, "model.compute_dtype", "model.compute_dtype = \"bfloat16\": bf16 autocast over float32 weights"),
     "use_vllm": (T, "rollout.name", "rollout.name = \"vllm\""),
     "vllm_gpu_memory_utilization": (T, "rollout.vllm.gpu_memory_utilization", ""),

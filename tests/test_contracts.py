@@ -209,6 +209,7 @@ NOT_CONTRACTS = {
     # tokenizer conventions nanoverl_core.workers documents, read where those libraries may lack them
     "full_tensor", "to_local", "shape", "generation_config", "eos_token_id", "get_output_embeddings",
     "get_base_model", "is_activation_checkpointing", "generate", "config", "_no_split_modules",
+    "_compiled_call_impl",  # torch: set by nn.Module.compile (model.compile compiles a shared module once)
     "attention_dropout", "bos_token_id", "dtype", "save_pretrained", "get_text_config", "head_dim",
     "max_position_embeddings", "num_key_value_heads", "chat_template", "batch_decode",
     # vLLM, MLflow, Reasoning Gym (a task config's validate()) and Python objects

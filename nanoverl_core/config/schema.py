@@ -164,6 +164,12 @@ class ModelConfig:
     entropy and the losses stay float32. An engine with its own copy of the weights holds them in it
     (docs/backends.md#precision). "float16" has no loss scaling here (gradients can underflow): prefer
     "bfloat16". Not wider than model.dtype."""
+    compile: bool = False
+    """torch.compile (Inductor, dynamic shapes) the parts of each transformer block that hold no KV cache
+    (a Llama's norms and MLP) in the actor's, reference's and critic's modules, and in a rollout sharing
+    them, and the chunked LM head's log-softmax: fused element-wise kernels between the matmuls, the same
+    numbers to float rounding. Off by default: the first steps pay the compilation; `perf/compiled_graphs`
+    and `perf/compile_s` count it (docs/backends.md#compile)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False

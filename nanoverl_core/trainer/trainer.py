@@ -43,7 +43,7 @@ from ..env import episode_metrics
 from ..plugins import Registry
 from ..processes import resident_mib
 from ..rollout import SamplingParams
-from ..workers import NonFiniteError
+from ..workers import NonFiniteError, compile_metrics
 from .checkpoint import (checkpoint_root, complete_checkpoints, find_resume, load_checkpoint, read_tracker_states,
                          remove_new_entries, save_checkpoint, write_run_config)
 from .resolve import build_rollout, check_rollout_log_probs, prompt_tools, resolve_plugins
@@ -216,6 +216,8 @@ class Trainer:
                 print(f"warning: step {self.step}: {exc}; skipped (trainer.on_nonfinite=skip)", file=sys.stderr)
                 metrics["actor/skipped_updates"] = 1.0
         metrics.update(batch_metrics(batch, timing, metrics))                   # 11. (logged by fit)
+        if self.config.model.compile:
+            metrics.update(compile_metrics())                    # graphs and seconds so far: a storm shows
         self.write_rollouts(batch)
         return metrics
 

@@ -11,11 +11,13 @@ strategies: ``parallel`` (``SingleProcess`` here, FSDP in nanoverl-fsdp) and ``w
     rows.py          a batch's rows as module inputs, micro-batches under a token budget
     prompt_cache.py  each distinct prompt through the model once (training passes, the hf rollout)
     lm_head.py       log-probs through the LM head a chunk of positions at a time
+    compile.py       model.compile: torch.compile over the blocks' cache-free parts, its metrics
     checkpoint.py    a worker's checkpoint files: their names, and how tensors are written and read
 """
 
 from .checkpoint import (MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, checkpoint_fits, load_optimizer, load_scheduler,
                          load_tensors, save_optimizer, save_scheduler, save_tensors)
+from .compile import compile_blocks, compile_metrics
 from .lm_head import ChunkedHead
 from .ppo import (NonFiniteError, TorchActor, TorchCritic, Workers, autocast, build_scheduler, mean_metrics,
                   resolve_device)
@@ -26,6 +28,6 @@ from .strategies import DataParallel, FullWeights, SingleProcess, Weights
 __all__ = ["MODEL_FILE", "OPTIMIZER_FILE", "SCHEDULER_FILE", "checkpoint_fits", "load_optimizer", "load_scheduler",
            "load_tensors", "save_optimizer", "save_scheduler", "save_tensors", "ChunkedHead", "NonFiniteError",
            "TorchActor", "TorchCritic", "Workers", "autocast", "build_scheduler", "mean_metrics", "model_inputs",
-           "resolve_device",
-           "token_budget_groups", "cache_keyword", "checkpointed", "forward_keyword", "prompt_cache",
+           "resolve_device", "token_budget_groups", "compile_blocks", "compile_metrics", "cache_keyword",
+           "checkpointed", "forward_keyword", "prompt_cache",
            "DataParallel", "FullWeights", "SingleProcess", "Weights"]

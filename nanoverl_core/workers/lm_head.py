@@ -27,17 +27,18 @@ from ..algos import logprobs_from_hidden
 class ChunkedHead:
     """The output head of `module` evaluated in chunks of positions (see the module docstring)."""
 
-    def __init__(self, head: torch.nn.Linear, chunk_size: int):
-        self.head, self.chunk_size = head, chunk_size
+    def __init__(self, head: torch.nn.Linear, chunk_size: int, compiled: bool = False):
+        self.head, self.chunk_size, self.compiled = head, chunk_size, compiled
+        """compiled: the arithmetic after each chunk's product through torch.compile (`model.compile`)."""
         self.checked = False
         """Whether the model's logits were found to be the head's plain product (before the first call)."""
 
     @classmethod
-    def of(cls, module: torch.nn.Module, chunk_size: int) -> ChunkedHead | None:
+    def of(cls, module: torch.nn.Module, chunk_size: int, compiled: bool = False) -> ChunkedHead | None:
         """A ChunkedHead when `module` has a plain nn.Linear output head and chunking is on, else None."""
         get = getattr(module, "get_output_embeddings", None)
         head = get() if chunk_size > 0 and callable(get) else None
-        return cls(head, chunk_size) if type(head) is torch.nn.Linear else None   # not peft's LoRA-wrapped head
+        return cls(head, chunk_size, compiled) if type(head) is torch.nn.Linear else None   # not peft's LoRA head
 
     def __call__(self, module: torch.nn.Module, inputs: dict, labels: torch.Tensor, valid: torch.Tensor,
                  temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -62,7 +63,8 @@ class ChunkedHead:
             # the head's input at position t predicts token t + 1: the last R' + 1 positions but the last
             picked = hidden[:, -width - 1:-1][valid]                                  # (N, H), N valid tokens
             out["scores"] = logprobs_from_hidden(picked, weight, labels[valid], head.bias, temperature=temperature,
-                                                 with_entropy=with_entropy, chunk_size=self.chunk_size)
+                                                 with_entropy=with_entropy, chunk_size=self.chunk_size,
+                                                 compiled=self.compiled)
             return (hidden[:, -1:],)          # the head's own product at one position, (B, 1, V), unused
 
         handle = self.head.register_forward_pre_hook(hook)

@@ -13,7 +13,8 @@ Module conventions: ``module(input_ids=, attention_mask=, position_ids=)`` retur
 of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py); a module whose forward takes
 a KV cache runs each distinct prompt of a micro-batch once (``actor.share_prompts``,
 workers/prompt_cache.py). With `model.compute_dtype` set, every module pass runs under its autocast
-(`autocast`); weights, gradients and AdamW state stay in `model.dtype`.
+(`autocast`); weights, gradients and AdamW state stay in `model.dtype`. With `model.compile`, the parts
+of each block that hold no KV cache run through torch.compile (workers/compile.py).
 
 The shared worker base and its two subclasses are one mechanism, read together; the parts that stand
 alone are their own modules: the strategies, a batch's rows as module inputs (rows.py), prompt
@@ -41,6 +42,7 @@ from ..batch import RLBatch
 from ..config import ActorConfig, Config, CriticConfig, ModelConfig, OptimConfig
 from ..errors import ConfigError, UserError
 from ..protocols import Actor, Critic
+from .compile import compile_blocks
 from .lm_head import ChunkedHead
 from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
 from .rows import model_inputs, token_budget_groups
@@ -154,6 +156,8 @@ class _TorchWorker:
         self.prompts_checked = False
         if self.device.type == "cpu" and autocast_dtype(config.model):
             _warn_slow_compute_dtype(autocast_dtype(config.model))
+        if config.model.compile:
+            compile_blocks(module, self.device)
         self.optimizer = self.scheduler = None
         if trainable:
             self.optimizer = torch.optim.AdamW(self.weights.parameters(module), lr=section.lr,
@@ -331,7 +335,7 @@ class TorchActor(_TorchWorker):
         self.keeps_logits = forward_keyword(module, "logits_to_keep") is not None
         # and the response positions' (B, R', V) logits need not exist at once either (actor.logits_chunk_size);
         # None: the module has no plain linear head (or chunking is off), the full logits are used
-        self.chunked_head = ChunkedHead.of(module, config.actor.logits_chunk_size)
+        self.chunked_head = ChunkedHead.of(module, config.actor.logits_chunk_size, compiled=config.model.compile)
 
     def forward(self, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy.

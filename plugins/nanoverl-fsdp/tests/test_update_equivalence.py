@@ -126,3 +126,15 @@ def test_without_torchrun_the_fsdp_worker_is_a_world_of_one_with_the_same_update
         for name, want in hf[model].items():
             torch.testing.assert_close(one[model][name], want, atol=ATOL, rtol=0, msg=f"{model} {name}")
     assert one["actor_metrics"]["actor/loss"] == pytest.approx(hf["actor_metrics"]["actor/loss"], abs=ATOL)
+
+
+def test_compiled_norms_and_mlps_on_two_ranks_give_the_eager_single_process_update(tiny_model, tmp_path):
+    """model.compile under FSDP2: each block's unshard / reshard hooks stay outside the compiled parts (its
+    norms and MLP), and two compiled ranks give the eager single process's update (log-probs, values,
+    metrics, every optimizer step) to the same ATOL as the eager ranks."""
+    run(torchrun(2, str(HERE / "update_driver.py"), "--worker", "fsdp", "--model", str(tiny_model),
+                 "--out", str(tmp_path / "compiled.pt"), "--", "model.compile=true"), timeout=300)
+    fsdp = torch.load(tmp_path / "compiled.pt")
+    torch.manual_seed(0)
+    hf = update_driver.run("hf", tiny_model, replay=fsdp)
+    assert_same_update(hf, fsdp, ATOL)
