@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from nanoverl_core.errors import ConfigError
 from test_mixed_precision import _config, _passes, _workers
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")),
+                                reason="torch.compile's CPU kernels need a C++ compiler")
 
 
 @pytest.mark.hf

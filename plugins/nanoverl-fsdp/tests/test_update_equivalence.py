@@ -9,6 +9,7 @@ one rank pad its share).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -128,6 +129,8 @@ def test_without_torchrun_the_fsdp_worker_is_a_world_of_one_with_the_same_update
     assert one["actor_metrics"]["actor/loss"] == pytest.approx(hf["actor_metrics"]["actor/loss"], abs=ATOL)
 
 
+@pytest.mark.skipif(not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")),
+                    reason="torch.compile's CPU kernels need a C++ compiler")
 def test_compiled_norms_and_mlps_on_two_ranks_give_the_eager_single_process_update(tiny_model, tmp_path):
     """model.compile under FSDP2: each block's unshard / reshard hooks stay outside the compiled parts (its
     norms and MLP), and two compiled ranks give the eager single process's update (log-probs, values,
