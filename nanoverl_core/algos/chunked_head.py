@@ -33,10 +33,18 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 def _stats(z: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
     """(c, V) logits -> each position's logsumexp, its label's log-prob and (with_entropy, else None) the
     entropy: the forward's arithmetic after the product, written plainly for torch.compile to fuse (one
-    read of z instead of one per operation). The eager path does the same in place."""
+    read of z instead of one per operation)."""
     lse = torch.logsumexp(z, dim=-1)
     log_probs = z.gather(-1, labels[:, None])[:, 0] - lse
     entropy = lse - torch.exp(z - lse[:, None]).mul(z).sum(-1) if with_entropy else None
+    return lse, log_probs, entropy
+
+
+def _stats_in_place(z: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
+    """`_stats` in eager PyTorch with one (c, V) temporary (z itself stays intact: it may be kept for backward)."""
+    lse = torch.logsumexp(z, dim=-1)
+    log_probs = z.gather(-1, labels[:, None])[:, 0] - lse
+    entropy = lse - z.sub(lse[:, None]).exp_().mul_(z).sum(-1) if with_entropy else None   # H = lse - sum(p * z)
     return lse, log_probs, entropy
 
 
@@ -89,19 +97,13 @@ class _LinearLogProbs(torch.autograd.Function):
         lse = torch.empty_like(log_probs)
         entropy = torch.empty_like(log_probs) if with_entropy else log_probs.new_empty(0)
         z = None
+        stats = _compiled(_stats) if compiled else _stats_in_place
         for s in range(0, n, chunk_size):
             z = _chunk_logits(hidden[s:s + chunk_size], weight, bias, temperature, dtype)     # (c, V)
-            if compiled:
-                stats = _compiled(_stats)(z, labels[s:s + chunk_size], with_entropy)
-                lse[s:s + chunk_size], log_probs[s:s + chunk_size] = stats[0], stats[1]
-                if with_entropy:
-                    entropy[s:s + chunk_size] = stats[2]
-                continue
-            lse[s:s + chunk_size] = torch.logsumexp(z, dim=-1)
-            log_probs[s:s + chunk_size] = z.gather(-1, labels[s:s + chunk_size, None])[:, 0] - lse[s:s + chunk_size]
-            if with_entropy:                              # H = lse - sum(p * z)
-                p = z.sub(lse[s:s + chunk_size, None]).exp_()
-                entropy[s:s + chunk_size] = lse[s:s + chunk_size] - p.mul_(z).sum(-1)
+            lse[s:s + chunk_size], log_probs[s:s + chunk_size], chunk_entropy = stats(z, labels[s:s + chunk_size],
+                                                                                      with_entropy)
+            if with_entropy:
+                entropy[s:s + chunk_size] = chunk_entropy
         # O(N) numbers besides the inputs; and when everything was one chunk, its logits too: holding them
         # costs what the plain path holds anyway, and saves backward the recomputation
         one_chunk = z if 0 < n <= chunk_size and any(ctx.needs_input_grad[:3]) else None
