@@ -36,7 +36,7 @@ from .plugins import Registry, load_registry
 __version__ = "0.2.0"
 
 _LAZY = {"RLBatch": "batch", "SamplingParams": "rollout", "responses_to_batch": "rollout",
-         "TorchActor": "workers", "TorchCritic": "workers", "Workers": "workers"}
+         "TorchActor": "workers", "TorchCritic": "workers", "Workers": "protocols"}
 
 
 def __getattr__(name: str):

@@ -12,15 +12,25 @@ Tensor keys used by the trainer (B = rows, P = prompt length, R = response lengt
     response_mask      (B, R) float   1 on every token the rollout produced, up to and including EOS;
                                       set by the rollout, never changed after it
     truncated          (B,)   bool    the row ended without a stop token (the rollout reports it)
+    model_mask         (B, R) float   1 on the tokens the model sampled, 0 on the ones it did not (an
+                                      environment's or tool's answer inside a multi-turn episode); written
+                                      by a rollout whose responses hold such tokens, never changed after
+                                      it; `model_tokens` reads it (response_mask where it is absent)
     loss_mask          (B, R) float   1 on the tokens the losses, normalisers, estimators and update
-                                      metrics count: response_mask narrowed by named trainer stages
-                                      (algorithm.mask_truncated, rollout-correction rejection)
+                                      metrics count; absent until the trainer's stage 4b derives it
+                                      (`derive_loss_mask`: model_tokens less truncated rows with
+                                      algorithm.mask_truncated), narrowed after by rollout-correction
+                                      rejection
     old_log_probs      (B, R) float   log pi_old(response token) under the policy before the update
     ref_log_probs      (B, R) float   the same under the reference policy
     values             (B, R) float   critic values
     token_level_scores (B, R) float   the reward score on the last valid response token
     token_level_rewards(B, R) float   scores minus the in-reward KL penalty, if any
     advantages, returns(B, R) float   estimator output, zero on padding
+
+A multi-turn rollout adds its episodes' columns (`num_turns`, `turn_rewards`, ...: nanoverl_core.env.episode
+lists them); `is_episodes` is the one place that tells the two kinds of batch apart. This docstring is the one description of
+each field: the protocols, the rollout helpers and the docs link here.
 """
 
 from __future__ import annotations
@@ -154,3 +164,23 @@ class RLBatch:
     def __repr__(self) -> str:
         cols = [f"{k}:{tuple(v.shape)}" for k, v in self.tensors.items()] + list(self.non_tensors)
         return f"RLBatch(rows={len(self)}, {', '.join(cols)})"
+
+
+# ---- what a batch holds ----------------------------------------------------------------------------------
+def is_episodes(batch: RLBatch) -> bool:
+    """True when `batch` holds multi-turn episodes (a multi-turn rollout's columns: `num_turns`, ...), False
+    for single responses. Every reader that treats the two differently asks this, not which keys are present."""
+    return "num_turns" in batch
+
+
+def model_tokens(batch: RLBatch) -> torch.Tensor:
+    """(B, R) 1 on the tokens the model sampled: `model_mask` where the rollout wrote one, else `response_mask`."""
+    return batch["model_mask"] if "model_mask" in batch else batch["response_mask"]
+
+
+def derive_loss_mask(batch: RLBatch, mask_truncated: bool) -> torch.Tensor:
+    """(B, R) the trainer's stage 4b: the tokens the update counts, before rollout correction narrows them.
+    Every token the model sampled (`model_tokens`); with `mask_truncated` (DAPO's overlong filtering) none
+    of a truncated row's. A new tensor: the rollout's masks are never changed."""
+    mask = model_tokens(batch)
+    return mask * (~batch["truncated"]).to(mask.dtype)[:, None] if mask_truncated else mask.clone()

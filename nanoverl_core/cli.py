@@ -17,10 +17,11 @@ import errno
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from .config import load_config
-from .errors import UserError
+from .errors import NanoverlDeprecation, UserError
 from .plugins import load_registry
 
 
@@ -65,7 +66,7 @@ def cmd_plugins(argv: list[str]) -> int:
 
 
 def cmd_train(argv: list[str]) -> int:
-    args = _train_parser().parse_args(argv)
+    args = _train_parser().parse_intermixed_args(argv)  # flags and overrides in any order
     registry = load_registry()
     config = load_config(args.config, args.overrides, registry=registry)
     if args.dry_run:
@@ -134,8 +135,17 @@ def cmd_export(argv: list[str]) -> int:
 COMMANDS = {"plugins": cmd_plugins, "eval": cmd_eval, "export": cmd_export}
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    """A renamed plugin-API name in use (NanoverlDeprecation): one `warning:` line; other warnings as Python shows them."""
+    if issubclass(category, NanoverlDeprecation):
+        print(f"warning: {message} (at {filename}:{lineno})", file=sys.stderr)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    warnings.showwarning = _show_warning
     try:
         if argv[:1] and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])

@@ -36,6 +36,10 @@ class RolloutError(UserError):
     (the trainer adds which checkpoint a rerun resumes from)."""
 
 
+class NonFiniteError(UserError):
+    """A loss or gradient was NaN/inf; the optimizer did not step (often a learning rate that is too high)."""
+
+
 class CheckpointError(UserError):
     """A checkpoint is missing, incomplete, or cannot be written."""
 
@@ -43,3 +47,8 @@ class CheckpointError(UserError):
 class CheckpointMismatch(ValueError):
     """Checkpoint files that do not fit the model or optimizer they are loaded into (raised by a worker's
     `load`, reported by the trainer as a CheckpointError naming the checkpoint)."""
+
+
+class NanoverlDeprecation(FutureWarning):
+    """A plugin uses a name that was renamed (CHANGELOG.md): it keeps working until the next minor version.
+    nanoverl-train prints it as one `warning:` line."""

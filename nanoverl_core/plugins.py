@@ -190,10 +190,15 @@ def _env_list(name: str) -> set[str] | None:
     return None if value is None else {v.strip() for v in value.split(",") if v.strip()}
 
 
-def make_plugin_manager() -> tuple[pluggy.PluginManager, list[PluginInfo]]:
-    """A plugin manager with the built-ins and every allowed, importable entry-point plugin."""
-    from .builtins import plugin as builtins
+BUILTINS = "nanoverl_core.builtins.plugin"
+"""The core's own plugin module: the debug backends, gae, the built-in losses, rewards and trackers."""
 
+
+def make_plugin_manager() -> tuple[pluggy.PluginManager, list[PluginInfo]]:
+    """A plugin manager with the built-ins and every allowed, importable entry-point plugin. The built-ins
+    are a plugin like any other, loaded by module name as an entry point is (the plugin manager does not
+    import the wings above it)."""
+    builtins = importlib.import_module(BUILTINS)
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
     infos = [PluginInfo(CORE_DIST, _version(CORE_DIST), builtins.__name__)]

@@ -1,6 +1,6 @@
 """What the trainer needs from the components plugins register: one `typing.Protocol` each.
 
-Two kinds. The objects a run works with: `Workers` (nanoverl_core.workers) holds an `Actor` (the
+Two kinds. The objects a run works with: `Workers` (below) holds an `Actor` (the
 policy), an optional frozen `Actor` (the reference) and an optional `Critic`; a `Rollout` generates;
 a `Tracker` logs. And the callables the hooks of `nanoverl_core.hookspecs` register, which build or
 are those components: `MakeWorkers`, `MakeRollout`, `Estimator`, `RewardFn`, `PolicyLoss`,
@@ -23,15 +23,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import attrs
+
 if TYPE_CHECKING:
     import torch
 
     from .algos.losses import PolicyLossInputs
     from .batch import RLBatch
     from .config import ActorConfig, AlgorithmConfig, Config
-    from .env import EnvStep, Turn
+    from .env.contract import EnvStep, Turn
     from .rollout import SamplingParams
-    from .workers import Workers
 
 
 @runtime_checkable
@@ -158,6 +159,23 @@ class Tracker(Protocol):
     def state_dict(self) -> dict: ...
 
     def close(self, success: bool) -> None: ...
+
+
+@attrs.define
+class Workers:
+    """What `make_workers(config)` returns: build it as ``Workers(tokenizer, actor, reference=None,
+    critic=None)`` (``from nanoverl_core import Workers``). The trainer owns it for the run: it calls the
+    actor, reference and critic from its own process and thread, and never closes them; a backend that
+    starts processes of its own (engines, ranks) ends them with the interpreter."""
+
+    tokenizer: Any
+    """Hugging Face-like: encode(text), decode(ids, skip_special_tokens=True), pad_token_id, eos_token_id."""
+    actor: Actor
+    """The policy being trained."""
+    reference: Actor | None = None
+    """A frozen policy for KL terms (reference.enable), else None."""
+    critic: Critic | None = None
+    """The value model (critic.enable), else None."""
 
 
 # ---- what the hooks register ----------------------------------------------------------------------

@@ -7,7 +7,8 @@ rows in the same order holding ``responses`` and ``response_mask`` (``(B, R)``, 
 covers every token the rollout produced, up to and including EOS, and keeps that meaning for the whole
 step), ``truncated`` (``(B,)`` bool: the row ended without a stop token), built with
 ``responses_to_batch`` so every engine builds them the same way, and optionally ``rollout_log_probs``.
-Which tokens the losses count is the trainer's ``loss_mask``, not the rollout's.
+Each column's meaning: nanoverl_core.batch. A rollout never writes ``loss_mask`` (the trainer derives it);
+a multi-turn episode adds ``model_mask`` and its other columns (nanoverl_core.env.episode).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from .batch import RLBatch
+from .batch import RLBatch, is_episodes
+from .errors import PluginError
 
 
 @attrs.frozen
@@ -99,10 +101,25 @@ def _tensor_responses_to_batch(responses: torch.Tensor, eos: set[int], pad_token
     return RLBatch({"responses": ids.long(), "response_mask": mask.float(), "truncated": ~ended})
 
 
+def check_rollout_columns(out: RLBatch, name: str) -> RLBatch:
+    """`out` (what rollout `name` generated), refused with one line where it follows the 0.1.0 contract
+    (CHANGELOG.md): a `loss_mask` column (its model's tokens are `model_mask` now; the trainer alone derives
+    loss_mask), or no `truncated` column."""
+    if "truncated" not in out:
+        raise PluginError(f"rollout.name = {name!r} returned no 'truncated' column; since nanoverl 0.2.0 a rollout "
+                          "returns truncated (B,) bool, True for a row that ended without a stop token: build its "
+                          "output with nanoverl_core.responses_to_batch, or add the column (CHANGELOG.md)")
+    if "loss_mask" in out:
+        raise PluginError(f"rollout.name = {name!r} returned a 'loss_mask' column; since nanoverl 0.2.0 a rollout "
+                           "reports the tokens its model sampled as 'model_mask' (1 on the model's tokens, 0 on an "
+                           "environment's) and the trainer derives loss_mask: rename the column (CHANGELOG.md)")
+    return out
+
+
 def decode_responses(tokenizer, batch: RLBatch) -> list[str]:
     """Each row's response text: its valid tokens (the mask is a prefix) decoded without special tokens;
     for a multi-turn episode the last model turn's text (`final_text`, what [reward] scores)."""
-    if "final_text" in batch:
+    if is_episodes(batch):
         return list(batch["final_text"])
     lengths = batch["response_mask"].sum(-1).int().tolist()
     rows = [ids[:n] for ids, n in zip(batch["responses"].tolist(), lengths)]

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .algos.losses import vanilla
-from .batch import RLBatch
+from .batch import RLBatch, derive_loss_mask
 from .protocols import Actor, PolicyLoss, Rollout
 from .rollout import SamplingParams
 
@@ -53,12 +53,11 @@ def prompt_batch(tokenizer, texts: list[str], n: int = 1) -> RLBatch:
 
 
 def with_loss_mask(batch: RLBatch, mask_truncated: bool = False) -> RLBatch:
-    """`batch` (edited in place) with the loss_mask the trainer gives an update: every response token
-    (or the rollout's own loss_mask), and with `mask_truncated` none of a truncated row's. It calls the
-    trainer's own derivation, so a test that builds its batch by hand cannot drift from a run."""
-    from .trainer.trainer import loss_mask  # on first use: the trainer module imports the data stack
-
-    batch["loss_mask"] = loss_mask(batch, mask_truncated)
+    """`batch` (edited in place) with the loss_mask the trainer gives an update: every token the model
+    sampled (an episode's model_mask, else response_mask), and with `mask_truncated` none of a truncated
+    row's. It calls the trainer's own derivation (`batch.derive_loss_mask`), so a test that builds its
+    batch by hand cannot drift from a run."""
+    batch["loss_mask"] = derive_loss_mask(batch, mask_truncated)
     return batch
 
 
@@ -81,6 +80,11 @@ def _check_outputs(out: RLBatch, rows: int, max_new_tokens: int) -> None:
     assert truncated is not None and truncated.dtype == torch.bool and truncated.shape == (rows,), \
         "generate must return truncated, (B,) bool: True for a row that ended without a stop token"
     assert torch.all(lengths[~truncated] > 0), "a row that is not truncated must end with its stop token"
+    assert "loss_mask" not in out, "generate must not return loss_mask (the trainer derives it); a rollout whose " \
+        "responses hold tokens the model did not sample reports its own as model_mask (nanoverl_core.batch)"
+    if "model_mask" in out:
+        assert out["model_mask"].shape == responses.shape and torch.all(out["model_mask"] * (1 - mask) == 0), \
+            "model_mask must be (B, R) like responses and 0 on padding"
 
 
 def _rows(out: RLBatch) -> list[tuple[list[int], int, bool]]:

@@ -11,7 +11,7 @@ from conftest import EXAMPLES, ROOT, assert_user_error, run_cli
 from nanoverl_core.algos import (PolicyLossInputs, compute_policy_loss_cispo, compute_policy_loss_clip_cov,
                                  compute_policy_loss_dppo, compute_policy_loss_dro, compute_policy_loss_geo_mean,
                                  compute_policy_loss_gpg, compute_policy_loss_kl_cov, compute_policy_loss_sapo)
-from nanoverl_core.builtins.loss_settings import CispoSettings, SapoSettings
+from nanoverl_core.algos.loss_settings import CispoSettings, SapoSettings
 from nanoverl_core.config import ActorConfig
 from nanoverl_core.plugins import load_registry
 

@@ -15,7 +15,8 @@ from conftest import EXAMPLES, ROOT, assert_identical_runs, assert_user_error, c
 from nanoverl_core import RLBatch, load_config, load_registry
 from nanoverl_core.algos import first_groups
 from nanoverl_core.reward.scoring import place_scores
-from nanoverl_core.trainer.trainer import Trainer, concat_rounds, merge_reward_metrics
+from nanoverl_core.trainer.batches import concat_rounds, merge_reward_metrics
+from nanoverl_core.trainer.trainer import Trainer
 
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
 QUIET = "trainer.progress=none"

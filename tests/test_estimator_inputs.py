@@ -101,7 +101,7 @@ def test_an_estimator_that_asks_for_sum_pi_squared_gets_it_and_can_refuse_a_conf
         Trainer(load_config(REINFORCE, overrides, registry=registry), registry)
     cfg = load_config(REINFORCE, [*overrides, "data.batch_size=4", "rollout.n=2"], registry=registry)
     trainer = Trainer(cfg, registry)
-    assert trainer.on_policy and trainer.needs_sum_pi_squared
+    assert trainer.plan.on_policy and trainer.plan.old_log_probs == "pass_with_sum_pi_squared"
     trainer.fit()
     ((log_probs, sum_sq, mask),) = seen
     valid = mask == 1

@@ -99,12 +99,12 @@ def test_model_turns_are_the_samplers_ids_and_each_turn_is_fed_the_episode_so_fa
                 model += [0.0] * len(colon)
         n = len(expected)
         assert out["responses"][row, :n].tolist() == expected      # token-out: bit for bit
-        assert out["loss_mask"][row, :n].tolist() == model and out["loss_mask"][row, n:].sum() == 0
+        assert out["model_mask"][row, :n].tolist() == model and out["model_mask"][row, n:].sum() == 0
         assert out["response_mask"][row].sum() == n and not out["truncated"][row]
         # the engine's log-probs sit on the model's tokens, 0 on the environment's
         sampled = torch.cat([call["log_probs"][row, :len(call["sampled"][row])] for call in engine.calls])
-        assert torch.equal(out["rollout_log_probs"][row][out["loss_mask"][row].bool()], sampled)
-        assert out["rollout_log_probs"][row][(out["response_mask"][row] - out["loss_mask"][row]).bool()].eq(0).all()
+        assert torch.equal(out["rollout_log_probs"][row][out["model_mask"][row].bool()], sampled)
+        assert out["rollout_log_probs"][row][(out["response_mask"][row] - out["model_mask"][row]).bool()].eq(0).all()
         # each reward (turn k: k + 1) on the last token of the turn it answered
         ends = (torch.tensor(model + [0.0]).diff() == -1).nonzero().flatten().tolist()    # a 1 followed by a 0
         assert out["turn_rewards"][row].nonzero().flatten().tolist() == ends
@@ -113,7 +113,7 @@ def test_model_turns_are_the_samplers_ids_and_each_turn_is_fed_the_episode_so_fa
                                                                                "tokens": 1}
     # the trainer's own log-probs of the episode agree with the sampler's on every model token
     trainer_lp = workers.actor.compute_log_probs(RLBatchView.of(batch, out))
-    mask = out["loss_mask"].bool()
+    mask = out["model_mask"].bool()
     assert torch.allclose(trainer_lp[mask], out["rollout_log_probs"][mask], atol=1e-5)
     assert episode_metrics(out) == {"episode/turns/mean": 3.0, "episode/env_tokens/mean": 2.0, "episode/errors": 0.0,
                                     "episode/echoes/mean": 3.0, "episode/echoes/rate": 1.0}
@@ -132,7 +132,7 @@ def test_episodes_end_when_done_at_max_turns_or_out_of_budget(tmp_path):
     # done after one turn: one engine call, nothing appended
     _, _, engine, rollout, batch = _setup(tmp_path, make_env=lambda row: Echo(done_after=1))
     out = rollout.generate(batch, SamplingParams(max_new_tokens=24, temperature=1.0))
-    assert len(engine.calls) == 1 and out["loss_mask"].equal(out["response_mask"]) and out["num_turns"].eq(1).all()
+    assert len(engine.calls) == 1 and out["model_mask"].equal(out["response_mask"]) and out["num_turns"].eq(1).all()
     # a budget of 5 tokens: turns are asked for what is left, a turn cut by the budget ends the episode truncated
     _, _, engine, rollout, batch = _setup(tmp_path, budget=5, max_turns=9, make_env=lambda row: Echo(answer="::"))
     out = rollout.generate(batch, SamplingParams(max_new_tokens=5, temperature=1.0))
@@ -140,7 +140,7 @@ def test_episodes_end_when_done_at_max_turns_or_out_of_budget(tmp_path):
     assert out["truncated"].any()
     for row in range(len(batch)):
         n = int(out["response_mask"][row].sum())
-        stopped = out["responses"][row, n - 1] == 1 and out["loss_mask"][row, n - 1] == 1
+        stopped = out["responses"][row, n - 1] == 1 and out["model_mask"][row, n - 1] == 1
         assert bool(out["truncated"][row]) != bool(stopped) or n < 5
     # max_turn_tokens caps every turn
     _, _, engine, rollout, batch = _setup(tmp_path, max_turn_tokens=2)
@@ -203,7 +203,7 @@ def test_scores_add_the_answer_reward_and_the_environments_turn_rewards(tmp_path
     scored, _ = scorer.score_batch(batch, workers.tokenizer)
     answer, _ = scorer.score(batch, list(batch["final_text"]))
     assert torch.allclose(scored["score"], answer + 0.5 * (1 + 2 + 3))
-    last_model = [int(row.nonzero().max()) for row in batch["loss_mask"]]
+    last_model = [int(row.nonzero().max()) for row in batch["model_mask"]]
     for row, last in enumerate(last_model):
         expected = batch["turn_rewards"][row].clone()
         expected[last] += answer[row]
@@ -246,6 +246,32 @@ def test_eval_runs_the_same_episodes_as_validation(turns_run):
     # the episode metrics of training, over the validation episodes: every one has its 2 turns
     assert scores["trained"]["episode/turns/mean"] == last["val/episode/turns/mean"] == 2.0
     assert scores["trained"]["episode/env_tokens/mean"] == 1.0 and scores["trained"]["episode/errors"] == 0.0
+
+
+def _environment_tokens(rows: list[dict]) -> float:
+    """Environment tokens per episode, counted by hand from the episodes' turns."""
+    return sum(t["tokens"] for r in rows for t in r["episode"] if t["role"] == "environment") / len(rows)
+
+
+def test_environment_tokens_are_counted_from_the_rollout_with_truncated_rows_masked(tmp_path):
+    """algorithm.mask_truncated takes a truncated episode's model tokens out of the loss_mask; the episode
+    metrics still count what the rollout produced: environment tokens per episode equal a hand count of the
+    episodes' environment turns, in training and in validation (the same evaluation code)."""
+    args = ["--config", TURNS, QUIET, "trainer.total_steps=1", "trainer.val_every=0", "trainer.save_every=0",
+            "rollout.max_new_tokens=5", "algorithm.mask_truncated=true"]            # 6 tokens do not fit: truncated
+    proc = run_cli(*args, f"trainer.output_dir={tmp_path / 'run'}", "trainer.rollout_samples=-1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    metrics = read_metrics(tmp_path / "run")[-1]
+    assert metrics["rollout/truncated_frac"] > 0                                  # the case that masks tokens
+    assert metrics["episode/env_tokens/mean"] == pytest.approx(_environment_tokens(rows))
+    samples = tmp_path / "samples.jsonl"
+    proc = run_cli("eval", *args, "--json", "--samples", str(samples))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results, evaluated = json.loads(proc.stdout)["results"], [json.loads(x) for x in samples.read_text().splitlines()]
+    for decoding in results:                                                       # greedy, and sampled
+        rows = [r for r in evaluated if r["decoding"] == decoding]
+        assert results[decoding]["episode/env_tokens/mean"] == pytest.approx(_environment_tokens(rows)), decoding
 
 
 KILL_DRIVER = '''
@@ -312,7 +338,7 @@ def test_tool_calls_are_parsed_run_and_malformed_ones_answered():
 
 def test_episode_counters_are_logged_per_episode_and_as_the_share_of_episodes_using_them():
     batch = RLBatch({"num_turns": torch.tensor([2, 1, 3, 1]), "episode_failed": torch.tensor([False, False, True, False]),
-                     "response_mask": torch.tensor([[1, 1, 1, 0]] * 4), "loss_mask": torch.tensor([[1, 0, 1, 0]] * 4),
+                     "response_mask": torch.tensor([[1, 1, 1, 0]] * 4), "model_mask": torch.tensor([[1, 0, 1, 0]] * 4),
                      "episode_info": [{"tool_calls": 1.0}, {}, {"tool_calls": 2.0, "tool_errors": 2.0}, {}]})
     assert episode_metrics(batch) == {"episode/turns/mean": 1.75, "episode/env_tokens/mean": 1.0, "episode/errors": 1.0,
                                       "episode/tool_calls/mean": 0.75, "episode/tool_calls/rate": 0.5,

@@ -14,7 +14,7 @@ from nanoverl_core.config import RewardConfig
 from nanoverl_core.plugins import load_registry
 from nanoverl_core.reward import RewardScorer, overlong_penalty
 from nanoverl_core.rollout import responses_to_batch
-from nanoverl_core.trainer.trainer import loss_mask
+from nanoverl_core.batch import derive_loss_mask as loss_mask
 from nanoverl_core.trainer.validation import pass_at_k, pass_ks
 
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
@@ -81,9 +81,9 @@ def test_score_batch_applies_the_penalty_and_the_loss_mask_drops_truncated_rows_
     batch.update(out)
     assert loss_mask(batch, True).tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
     assert torch.equal(loss_mask(batch, False), sampled) and torch.equal(batch["response_mask"], sampled)
-    batch["loss_mask"] = torch.tensor([[1.0, 0, 0, 0], [0, 1, 1, 0], [1, 1, 1, 1], [1, 0, 1, 1]])  # a rollout's own
+    batch["model_mask"] = torch.tensor([[1.0, 0, 0, 0], [0, 1, 1, 0], [1, 1, 1, 1], [1, 0, 1, 1]])  # a rollout's own
     assert loss_mask(batch, True).tolist() == [[1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0], [1, 0, 1, 1]]
-    assert torch.equal(loss_mask(batch, False), batch["loss_mask"])
+    assert torch.equal(loss_mask(batch, False), batch["model_mask"])
     plain, metrics = RewardScorer(RewardConfig(name="exact_match", workers=0), load_registry(),
                                   max_new_tokens=4).score_batch(batch, tok)
     assert plain["score"].tolist() == [0.0, 1.0, 0.0, 0.0] and "reward/overlong_penalty/mean" not in metrics

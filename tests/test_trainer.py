@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 
 from conftest import EXAMPLES, assert_user_error, read_metrics, run_cli, without_machine_metrics
@@ -164,8 +165,9 @@ def test_mismatch_metrics_from_the_update_equal_those_of_a_separate_pass(tmp_pat
                                       "trainer.val_every=0", "tracking.trackers=[jsonl]", "rollout.debug.log_probs=true",
                                       *split], registry=load_registry())
         trainer = Trainer(cfg, load_registry())
-        assert trainer.mismatch_from_update
-        trainer.mismatch_from_update = single_pass
+        assert trainer.plan.mismatch == "from_update" and trainer.plan.old_log_probs == "none"
+        if not single_pass:                                              # the separate pass, forced
+            trainer.plan = attrs.evolve(trainer.plan, mismatch="before_update", old_log_probs="pass")
         actor, passes = trainer.workers.actor, []
         pass_of = actor.compute_log_probs
         actor.compute_log_probs = lambda batch: passes.append(len(batch)) or pass_of(batch)
@@ -186,4 +188,5 @@ def test_rollout_correction_keeps_the_separate_pass(tmp_path):
 
     cfg = load_config(REINFORCE, [f"trainer.output_dir={tmp_path}", QUIET, "rollout.debug.log_probs=true",
                                   "algorithm.rollout_correction.is_level=token"], registry=load_registry())
-    assert Trainer(cfg, load_registry()).on_policy and not Trainer(cfg, load_registry()).mismatch_from_update
+    plan = Trainer(cfg, load_registry()).plan
+    assert plan.on_policy and plan.mismatch == "before_update" and plan.old_log_probs == "pass"

@@ -23,17 +23,21 @@ Policy losses are registered components (`register_policy_losses`, selected by `
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import torch
 
 from ..config import LOSS_AGG_MODES
-from ..protocols import PolicyLoss  # what a registered loss is (re-exported for workers)
+from ..errors import NanoverlDeprecation
 from .kl import kl_penalty
 from .utils import masked_sum
 
 Metrics = dict[str, torch.Tensor]
+PolicyLossFn = Callable[..., tuple[torch.Tensor, Metrics]]
+"""A registered policy loss (the contract: nanoverl_core.protocols.PolicyLoss)."""
 
 
 def loss_totals(response_mask: torch.Tensor) -> dict[str, float]:
@@ -91,7 +95,11 @@ def token_mean_share(x: torch.Tensor, mask: torch.Tensor, num_tokens: float | No
 
 
 # ---- the policy loss contract -------------------------------------------------------------------
-@attrs.frozen
+_RENAMED = ("PolicyLossInputs.response_mask is deprecated since nanoverl 0.2.0 and goes in 0.3.0: use loss_mask "
+            "(the same tensor: the tokens that count; CHANGELOG.md)")
+
+
+@attrs.frozen(init=False)
 class PolicyLossInputs:
     """What a registered policy loss receives for one micro-batch.
 
@@ -123,6 +131,18 @@ class PolicyLossInputs:
     rollout_is_weights: torch.Tensor | None = None
     """(B, R) detached rollout-correction importance weights (algorithm.rollout_correction), or None:
     multiply them into the per-token policy losses before aggregating, as the built-ins do."""
+
+    def __init__(self, *args: Any, response_mask: torch.Tensor | None = None, **kwargs: Any):
+        if response_mask is not None:                       # 0.1.0's keyword, until 0.3.0
+            warnings.warn(_RENAMED, NanoverlDeprecation, stacklevel=2)
+            kwargs["loss_mask"] = response_mask
+        self.__attrs_init__(*args, **kwargs)
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        """Deprecated: 0.1.0's name of `loss_mask` (read with a FutureWarning until 0.3.0)."""
+        warnings.warn(_RENAMED, NanoverlDeprecation, stacklevel=2)
+        return self.loss_mask
 
     def aggregate(self, loss_mat: torch.Tensor) -> torch.Tensor:
         """agg_loss of a (B, R) token loss matrix with the mini-batch normalisers."""
@@ -237,7 +257,7 @@ def gspo(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
 
 
 # ---- the total actor loss ------------------------------------------------------------------------
-def compute_actor_loss(policy_loss: PolicyLoss, inputs: PolicyLossInputs, config, *,
+def compute_actor_loss(policy_loss: PolicyLossFn, inputs: PolicyLossInputs, config, *,
                        entropy: torch.Tensor | None = None,
                        ref_log_prob: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
     """One micro-batch's actor loss = policy loss - entropy_coeff * entropy + kl_loss_coef * KL(pi || ref).

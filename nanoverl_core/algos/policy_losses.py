@@ -2,7 +2,7 @@
 
 Each is a pure `compute_policy_loss_<name>` function (verl 0.9.1's function of the same name, with the
 differences docs/verl-differences.md lists) and a registered wrapper `<name>(inputs, config)` that reads
-the loss's own settings ([actor.<name>], nanoverl_core/builtins/loss_settings.py). Shapes: B = rows of
+the loss's own settings ([actor.<name>], nanoverl_core/algos/loss_settings.py). Shapes: B = rows of
 this micro-batch, R = response length; every tensor argument is (B, R):
 
     old_log_prob   log pi_old(token) of the policy that sampled the batch (no grad)
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..builtins.loss_settings import (CispoSettings, ClipCovSettings, DppoKlSettings, DppoTvSettings, DroSettings,
+from .loss_settings import (CispoSettings, ClipCovSettings, DppoKlSettings, DppoTvSettings, DroSettings,
                                      GeoMeanSettings, KlCovSettings, SapoSettings)
 from .losses import Metrics, PolicyLossInputs, agg_loss, token_mean_share
 from .utils import masked_mean, masked_sum

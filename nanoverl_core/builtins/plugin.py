@@ -45,7 +45,7 @@ def register_policy_losses(register):
     losses = "nanoverl_core.algos.losses"
     register("vanilla", f"{losses}:vanilla", description="token-level PPO clip with clip-higher and dual clip")
     register("gspo", f"{losses}:gspo", description="sequence-level ratio, the geometric mean of token ratios (GSPO)")
-    more, settings = "nanoverl_core.algos.policy_losses", f"{_HERE}.loss_settings"
+    more, settings = "nanoverl_core.algos.policy_losses", "nanoverl_core.algos.loss_settings"
     register("cispo", f"{more}:cispo", settings=f"{settings}:CispoSettings",
              description="CISPO: clipped, detached IS weight times A times log-prob ([actor.cispo])")
     register("sapo", f"{more}:sapo", settings=f"{settings}:SapoSettings",

@@ -17,7 +17,9 @@ from .structure import check_keys, structure_as
 
 if TYPE_CHECKING:
     from ..plugins import Registry
-    from .schema import Config
+
+Config = Any
+"""A nanoverl_core.config.Config (schema.py imports this module: a type name here, not an import)."""
 
 COMPONENTS: dict[str, str] = {"rollout": "rollout", "worker": "worker", "actor": "policy_loss",
                               "algorithm": "advantage_estimator", "reward": "reward", "tracking": "tracker",

@@ -2,7 +2,7 @@
 
 `load_config` reads the file, applies the overrides, takes the component tables out, checks the keys,
 structures and validates the core config, then gives each selected component its settings. The plugin
-registry comes from the caller (`load_registry()` once per command): the loader discovers nothing.
+registry comes from the caller (`load_registry()` once per command); without one, the loader discovers it.
 """
 
 from __future__ import annotations
@@ -28,16 +28,20 @@ if TYPE_CHECKING:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
-                registry: Registry, training: bool = True) -> Config:
+                registry: Registry | None = None, training: bool = True) -> Config:
     """Read a TOML / YAML / JSON config, apply dotted overrides, structure and validate it, and give
-    each selected component its settings (`registry`: the installed plugins, `load_registry()`).
+    each selected component its settings (`registry`: the installed plugins, `load_registry()`; None
+    discovers them, as nanoverl-train does: pass one to load several configs against one discovery).
     `training` false: the config only evaluates (`nanoverl-train eval`), training data may be absent."""
     return config_from_dict(_read_file(Path(path)) if path else {}, overrides, registry=registry, training=training)
 
 
 def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = (), *,
-                     registry: Registry, training: bool = True) -> Config:
+                     registry: Registry | None = None, training: bool = True) -> Config:
     """`load_config` of an already parsed mapping (a run's config.json holds one under "config")."""
+    if registry is None:
+        from ..plugins import load_registry
+        registry = load_registry()
     data = json.loads(json.dumps(data))  # a private copy: overrides and table extraction edit it
     for override in overrides:
         apply_override(data, override, registry=registry)

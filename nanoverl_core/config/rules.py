@@ -10,14 +10,14 @@ one rule reports that rule even before it names its data.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from ..errors import ConfigError
 
-if TYPE_CHECKING:
-    from .schema import Config
+Config = Any
+"""A nanoverl_core.config.Config (schema.py imports this module: a type name here, not an import)."""
 
 
 def check_config(config: Config, *, training: bool = True) -> None:

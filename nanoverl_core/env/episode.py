@@ -15,12 +15,13 @@ not appended (its reward counts).
 What `generate` returns, beyond a single-turn rollout's columns (nanoverl_core.rollout):
 
     response_mask (B, R)  every token of the episode after the prompt, the environment's included
-    loss_mask (B, R)      1 on the model's tokens, 0 on the environment's: what the update trains on
+    model_mask (B, R)     1 on the model's tokens, 0 on the environment's; the trainer's loss_mask starts
+                          from it (nanoverl_core.batch)
     rollout_log_probs     (B, R) over the model's tokens (0 elsewhere), when the engine returns them
     turn_rewards (B, R)   each environment reward x environment.reward_weight, on the last token of
                           the model turn it answered (GAE sees each turn's reward where it was earned);
                           all 0 for an episode whose environment failed
-    num_turns (B,)        model turns
+    num_turns (B,)        model turns (its presence marks a batch of episodes: nanoverl_core.batch.is_episodes)
     episode_failed (B,)   the environment failed (environment.on_error = "zero"): the row scores 0
     final_text            the last model turn's text, what [reward] scores (environment.score_answer)
     episode               per row, the turns in order: who said what, and each turn's reward
@@ -223,17 +224,17 @@ class EpisodeRollout:
         width = max(1, max(len(e.tokens) for e in episodes))
         shape = (len(episodes), width)
         ids = torch.full(shape, self.tokenizer.pad_token_id, dtype=torch.long)
-        response_mask, loss_mask = torch.zeros(shape), torch.zeros(shape)
+        response_mask, model_mask = torch.zeros(shape), torch.zeros(shape)
         log_probs, rewards = torch.zeros(shape), torch.zeros(shape)
         for row, e in enumerate(episodes):
             n = len(e.tokens)
             ids[row, :n] = torch.tensor(e.tokens, dtype=torch.long)
             response_mask[row, :n] = 1.0
-            loss_mask[row, :n] = torch.tensor(e.model, dtype=torch.float32)
+            model_mask[row, :n] = torch.tensor(e.model, dtype=torch.float32)
             log_probs[row, :n] = torch.tensor(e.log_probs, dtype=torch.float32)
             for position, reward in e.rewards if e.error is None else ():   # a failed episode earns nothing
                 rewards[row, position] += reward * self.cfg.reward_weight
-        out = RLBatch({"responses": ids, "response_mask": response_mask, "loss_mask": loss_mask,
+        out = RLBatch({"responses": ids, "response_mask": response_mask, "model_mask": model_mask,
                        "truncated": torch.tensor([e.truncated for e in episodes]), "turn_rewards": rewards,
                        "num_turns": torch.tensor([e.num_turns for e in episodes]),
                        "episode_failed": torch.tensor([e.error is not None for e in episodes])},
@@ -248,8 +249,9 @@ class EpisodeRollout:
 def episode_metrics(batch: RLBatch) -> dict[str, float]:
     """episode/turns/mean, episode/env_tokens/mean (environment tokens per episode), episode/errors, and
     for every counter the environment reports (tool_calls, tool_errors, ...) episode/<counter>/mean (per
-    episode) and episode/<counter>/rate (the share of episodes where it is above 0)."""
-    env_tokens = (batch["response_mask"] - batch["loss_mask"]).clamp(min=0).sum(-1)
+    episode) and episode/<counter>/rate (the share of episodes where it is above 0). Environment tokens are
+    the rollout's facts (response_mask less model_mask), whatever the trainer's loss_mask counts."""
+    env_tokens = (batch["response_mask"] - batch["model_mask"]).clamp(min=0).sum(-1)
     out = {"episode/turns/mean": float(batch["num_turns"].float().mean()),
            "episode/env_tokens/mean": float(env_tokens.float().mean()),
            "episode/errors": float(batch["episode_failed"].sum())}

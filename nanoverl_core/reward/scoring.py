@@ -40,7 +40,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from ..batch import RLBatch
+from ..batch import RLBatch, is_episodes, model_tokens
 from ..config import RewardConfig
 from ..dist import gather_dicts, rank_rows
 from ..errors import RewardError
@@ -273,7 +273,7 @@ class RewardScorer:
     def _score_responses(self, batch, tokenizer, phase, step) -> tuple[torch.Tensor, list[str], dict, torch.Tensor]:
         """`score_responses` and each component's score (B, K)."""
         texts = decode_responses(tokenizer, batch)
-        episodes = "turn_rewards" in batch
+        episodes = is_episodes(batch)
         if episodes and not self.score_answer:
             scores, metrics, components = torch.zeros(len(batch)), {}, torch.zeros(len(batch), len(self.specs))
         else:
@@ -298,8 +298,8 @@ class RewardScorer:
                                        self.cfg.overlong_penalty_factor)
             scores = scores + penalty
             metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
-        token_scores = place_scores(scores, batch["loss_mask"] if "turn_rewards" in batch else mask)
-        if "turn_rewards" in batch:
+        token_scores = place_scores(scores, model_tokens(batch) if is_episodes(batch) else mask)  # an episode's: its last model token
+        if is_episodes(batch):
             token_scores = token_scores + batch["turn_rewards"]
             scores = token_scores.sum(-1)
         metrics["reward/mean"] = float(scores.mean())
@@ -320,7 +320,7 @@ class RewardScorer:
 
 def with_episode_rewards(scores: torch.Tensor, batch: RLBatch) -> torch.Tensor:
     """(B,) answer scores plus each multi-turn episode's environment rewards (0 for a failed episode)."""
-    return scores + batch["turn_rewards"].sum(-1) if "turn_rewards" in batch else scores
+    return scores + batch["turn_rewards"].sum(-1) if is_episodes(batch) else scores
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

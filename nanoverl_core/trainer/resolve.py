@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
 from ..algos.rollout_correction import truncated_sampling_warning
 from ..config import Config, component_settings
-from ..errors import ConfigError
+from ..batch import RLBatch
+from ..errors import ConfigError, PluginError
 from ..plugins import Registry, install_hint
 from ..reward import RewardScorer
+from .plan import plan_step
 
 
 def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool = True) -> dict[str, Any]:
@@ -110,7 +113,23 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
            "versions": registry.versions()}
     if config.trainer.total_epochs:
         out["schedule"] = epoch_schedule(config, plugins["data_source"])
+    facts = dict(reference=config.reference.enable, critic=config.critic.enable,
+                 rollout_log_probs=bool(getattr(config.rollout.settings, "log_probs", False)))
+    out["step_plan"] = plan_step(config, plugins["estimator"], **facts).describe()
+    if config.trainer.critic_warmup:                    # steps 1..critic_warmup train the critic alone
+        out["step_plan_in_critic_warmup"] = plan_step(config, plugins["estimator"], **facts, actor_update=False).describe()
     return out
+
+
+def check_actor_update(actor: Any, worker: str) -> None:
+    """An actor written to 0.1.0's contract (`update(batch, *, on_policy)`, no policy loss) is one line, not a
+    TypeError at step 1."""
+    try:
+        inspect.signature(actor.update).bind(RLBatch(), None, on_policy=True)
+    except TypeError:
+        raise PluginError(f"worker.name = {worker!r}: its actor's update{inspect.signature(actor.update)} takes no "
+                          "policy loss; since nanoverl 0.2.0 the trainer calls update(batch, policy_loss, *, "
+                          "on_policy) (nanoverl_core.protocols.Actor, CHANGELOG.md)") from None
 
 
 def epoch_schedule(config: Config, make_source) -> dict[str, Any]:

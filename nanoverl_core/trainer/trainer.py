@@ -12,19 +12,16 @@ whose scores differ (`generate_until_full`, DAPO's dynamic sampling). An estimat
 baseline (ReMax) gets one greedy response per prompt of the kept groups, scored (4c, `baseline_rollout`).
 
 Each stage is one named call, timed into ``timing/<stage>``, that returns what it adds to the batch;
-the step assigns it. ``response_mask`` (what the rollout produced) never changes; ``loss_mask`` (what the
-update counts) starts from it and named stages narrow it (``loss_mask``, ``correct_rollout``).
-Everything the step needs is resolved from the registry before the first model loads.
+the step assigns it. What the rollout reports (``response_mask``, an episode's ``model_mask``) never
+changes; ``loss_mask`` (what the update counts) is derived at 4b and narrowed by rollout correction
+(each column: nanoverl_core/batch.py). Everything the step needs is resolved from the registry before the
+first model loads, and which optional passes it runs is decided then too (`plan.py`, printed by --dry-run).
 """
 
 from __future__ import annotations
 
 import json
-import random
-import statistics
 import sys
-import time
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,20 +30,22 @@ import attrs
 import torch
 
 from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_uniform_groups, first_groups, kl_penalty,
-                     make_kl_controller, masked_mean, uniform_groups)
-from ..batch import RLBatch
+                     make_kl_controller, masked_mean)
+from ..batch import RLBatch, derive_loss_mask, is_episodes
 from ..config import Config
 from ..data import PromptLoader, load_split
-from ..dist import fork_rng, is_rank0, seed_everything, shard_rollout
-from ..errors import ConfigError, RolloutError
-from ..env import episode_metrics
+from ..dist import is_rank0, seed_everything, shard_rollout
+from ..errors import ConfigError, NonFiniteError, RolloutError
 from ..plugins import Registry
-from ..processes import resident_mib
-from ..rollout import SamplingParams
-from ..workers import NonFiniteError, compile_metrics
+from ..rollout import SamplingParams, check_rollout_columns
+from ..workers import compile_metrics
+from .batches import (batch_metrics, concat_rounds, expand, informative_groups, merge_reward_metrics, rollout_metrics,
+                      timed)
 from .checkpoint import (checkpoint_root, complete_checkpoints, find_resume, load_checkpoint, read_tracker_states,
                          remove_new_entries, save_checkpoint, write_run_config)
-from .resolve import build_rollout, check_rollout_log_probs, prompt_tools, resolve_plugins
+from .baseline import greedy_baseline
+from .plan import plan_step
+from .resolve import build_rollout, check_actor_update, check_rollout_log_probs, prompt_tools, resolve_plugins
 from .validation import eval_before_after, validate
 
 
@@ -83,6 +82,7 @@ class Trainer:
     def _build(self, plugins: dict[str, Any], resume_from: Path | None) -> None:
         cfg = self.config
         self.workers = plugins["worker"](cfg)
+        check_actor_update(self.workers.actor, cfg.worker.name)
         self.tokenizer = self.workers.tokenizer
         self.rollout = build_rollout(plugins, cfg, self.workers)                  # multi-turn with an environment
         check_rollout_log_probs(cfg, self.rollout)
@@ -99,25 +99,11 @@ class Trainer:
         if cfg.trainer.total_epochs:                                              # steps, now that rows are counted
             cfg.trainer.total_steps = cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.kl_ctrl = make_kl_controller(cfg.algorithm)
-        # One on-policy optimizer step per batch: pi_old *is* the policy being updated, so the update
-        # takes its old log-probs from its own forward pass (detached) and step 5 costs nothing.
-        # A reference policy keeps the separate pass (its KL reads the old log-probs before the update).
-        self.on_policy = (cfg.actor.ppo_epochs == 1 and self.workers.reference is None
-                          and cfg.actor_mini_batch_size == cfg.data.batch_size)
-        # The rollout-mismatch metrics (an engine's log-probs against pi_old's) then come from that forward
-        # too (the actor keeps its log-probs: update_log_probs), unless rollout correction must weight the
-        # loss with them before the update.
-        self.mismatch_from_update = (self.on_policy and not cfg.algorithm.rollout_correction.enabled
-                                     and hasattr(self.workers.actor, "update_log_probs"))
-        # an estimator that reads the policy's sum of pi^2 (the optimal token baseline) gets it with the old log-probs
-        self.needs_sum_pi_squared = bool(getattr(self.estimator, "requires_sum_pi_squared", False))
-        if self.needs_sum_pi_squared and not hasattr(self.workers.actor, "compute_log_probs_and_sum_pi_squared"):
-            raise ConfigError(f"algorithm.advantage_estimator = {cfg.algorithm.advantage_estimator!r} needs the "
-                              "policy's sum of pi^2 per token, but worker.name = "
-                              f"{cfg.worker.name!r} has no compute_log_probs_and_sum_pi_squared; use a worker whose "
-                              "actor has it (a TorchActor: workers debug, hf, fsdp) or another estimator")
-        # an estimator that reads a greedy baseline per prompt (ReMax) gets reward_baselines every step
-        self.needs_greedy_baseline = bool(getattr(self.estimator, "requires_greedy_baseline", False))
+        # which optional passes a step runs (plan.py): the plan of an updating step, and of a critic warmup step
+        built = dict(reference=self.workers.reference is not None, critic=self.workers.critic is not None,
+                     rollout_log_probs=bool(getattr(self.rollout, "returns_log_probs", False)), actor=self.workers.actor)
+        self.plan = plan_step(cfg, self.estimator, **built)
+        self.warmup_plan = plan_step(cfg, self.estimator, **built, actor_update=False)
         self.step = 0
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.workers)
@@ -159,8 +145,9 @@ class Trainer:
         return metrics
 
     def train_step(self) -> dict[str, float]:
-        cfg, timing, metrics = self.config, {}, {}
-        actor, reference, critic = self.workers.actor, self.workers.reference, self.workers.critic
+        """One step of the training order above; which optional passes run is `self.plan`'s (plan.py)."""
+        plan = self.plan if self.step > self.config.trainer.critic_warmup else self.warmup_plan
+        workers, timing, metrics = self.workers, {}, {}
         with timed(timing, "step"):
             batch, generated_metrics = self.generate_until_full(timing)         # 1-4 (rounds of them when
             metrics.update(generated_metrics)                                   #      filter_groups refills)
@@ -168,58 +155,52 @@ class Trainer:
                 print(f"warning: step {self.step}: every group had equal rewards in "
                       f"{metrics['filter/rounds']:.0f} rounds; no update", file=sys.stderr)
                 return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
-            if self.needs_greedy_baseline:
-                batch["reward_baselines"], baseline_metrics = self.baseline_rollout(batch, timing)  # 4c.
-                metrics.update(baseline_metrics)
-            updates = self.step > cfg.trainer.critic_warmup
-            # 6b. after the update, from its forward (pi_old's), when nothing else needs pi_old before it
-            mismatch_later = ("rollout_log_probs" in batch and self.mismatch_from_update and updates
-                              and not self.needs_sum_pi_squared)
-            with timed(timing, "old_log_probs"):                              # 5. (~0 s when on-policy: the
-                if self.needs_sum_pi_squared:                                   #    update's own forward)
-                    batch["old_log_probs"], batch["sum_pi_squared"] = actor.compute_log_probs_and_sum_pi_squared(batch)
-                elif not self.on_policy or ("rollout_log_probs" in batch and not mismatch_later):
-                    batch["old_log_probs"] = actor.compute_log_probs(batch)
-            if reference is not None:
+            if plan.greedy_baseline:
+                metrics.update(added(batch, greedy_baseline(self, batch, timing)))   # 4c. ReMax's baseline
+            with timed(timing, "old_log_probs"):                                # 5. (~0 s on-policy: the
+                batch.update(self.old_log_probs(batch, plan))                   #    update's own forward)
+            if plan.reference:
                 with timed(timing, "ref_log_probs"):
-                    batch["ref_log_probs"] = reference.compute_log_probs(batch)  # 6.
-            if critic is not None:
+                    batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)  # 6.
+            if plan.critic:
                 with timed(timing, "values"):
-                    batch["values"] = critic.compute_values(batch)
-            if "rollout_log_probs" in batch and not mismatch_later:
+                    batch["values"] = workers.critic.compute_values(batch)
+            if plan.mismatch == "before_update":
                 with timed(timing, "rollout_correction"):
-                    corrected, corr_metrics = self.correct_rollout(batch)       # 6b. mismatch, IS, rejection
-                    batch.update(corrected)
-                    metrics.update(corr_metrics)
+                    metrics.update(added(batch, self.correct_rollout(batch)))   # 6b. mismatch, IS, rejection
             with timed(timing, "advantages"):
-                advantages, adv_metrics = self.compute_advantages(batch)        # 7.
-                batch.update(advantages)
-                metrics.update(adv_metrics)
-            try:
-                if critic is not None:
+                metrics.update(added(batch, self.compute_advantages(batch)))    # 7.
+            with self.nonfinite_guard(metrics):
+                if plan.critic:
                     with timed(timing, "critic_update"):
-                        metrics.update(critic.update(batch))                    # 8.
-                if updates:
-                    with timed(timing, "actor_update"):
-                        metrics.update(actor.update(batch, self.policy_loss, on_policy=self.on_policy,   # 9.
-                                                    **({"keep_log_probs": True} if mismatch_later else {})))
-                    if mismatch_later:                                          # 6b. from the update's forward
-                        with timed(timing, "rollout_correction"):
-                            metrics.update(self.correct_rollout(batch, actor.update_log_probs)[1])
+                        metrics.update(workers.critic.update(batch))            # 8.
+                if plan.actor_update:
+                    keep = {"keep_log_probs": True} if plan.mismatch == "from_update" else {}
+                    with timed(timing, "actor_update"):                         # 9.
+                        metrics.update(workers.actor.update(batch, self.policy_loss, on_policy=plan.on_policy, **keep))
+                    if plan.mismatch == "from_update":
+                        with timed(timing, "rollout_correction"):               # 6b. from the update's forward
+                            metrics.update(self.correct_rollout(batch, workers.actor.update_log_probs)[1])
                     with timed(timing, "weight_sync"):
-                        self.rollout.sync_weights(actor)                        # 10.
-            except NonFiniteError as exc:
-                if cfg.trainer.on_nonfinite == "stop":
-                    raise NonFiniteError(f"step {self.step}: {exc}; stopped (trainer.on_nonfinite=stop), the newest "
-                                         "checkpoint is intact; lower the learning rate or check the rewards and "
-                                         "resume, or set trainer.on_nonfinite=skip to drop such updates") from None
-                print(f"warning: step {self.step}: {exc}; skipped (trainer.on_nonfinite=skip)", file=sys.stderr)
-                metrics["actor/skipped_updates"] = 1.0
+                        self.rollout.sync_weights(workers.actor)                # 10.
         metrics.update(batch_metrics(batch, timing, metrics))                   # 11. (logged by fit)
         if self.config.model.compile:
             metrics.update(compile_metrics())                    # graphs and seconds so far: a storm shows
         self.write_rollouts(batch)
         return metrics
+
+    @contextmanager
+    def nonfinite_guard(self, metrics: dict[str, float]):
+        """A non-finite loss or gradient (the worker did not step): stop, or skip and count it."""
+        try:
+            yield
+        except NonFiniteError as exc:
+            if self.config.trainer.on_nonfinite == "stop":
+                raise NonFiniteError(f"step {self.step}: {exc}; stopped (trainer.on_nonfinite=stop), the newest "
+                                     "checkpoint is intact; lower the learning rate or check the rewards and "
+                                     "resume, or set trainer.on_nonfinite=skip to drop such updates") from None
+            print(f"warning: step {self.step}: {exc}; skipped (trainer.on_nonfinite=skip)", file=sys.stderr)
+            metrics["actor/skipped_updates"] = 1.0
 
     # ---- the stages ----------------------------------------------------------------------------------
     def generate_round(self, timing: dict[str, float], gen_round: int = 0) -> tuple[RLBatch, dict[str, float]]:
@@ -232,7 +213,7 @@ class Trainer:
         with timed(timing, "reward"):
             scored, reward_metrics = self.score(batch)                         # 4. sequence scores
             batch.update(scored)
-        batch["loss_mask"] = loss_mask(batch, self.config.algorithm.mask_truncated)  # 4b. the tokens that count
+        batch["loss_mask"] = derive_loss_mask(batch, self.config.algorithm.mask_truncated)  # 4b. what counts
         return batch, reward_metrics
 
     def generate_until_full(self, timing: dict[str, float]) -> tuple[RLBatch, dict[str, float]]:
@@ -262,33 +243,17 @@ class Trainer:
                       "rollout/filtered_groups": float(dropped), "filter/rounds": float(len(rounds)),
                       "filter/kept_groups": float(kept_groups), "filter/batch_full": float(kept_groups == size)}
 
-    def baseline_rollout(self, batch: RLBatch, timing: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        """ReMax's baseline: one greedy response per distinct prompt (uid) of `batch`, scored like step 4
-        (the overlong penalty included, reward failures written with phase "baseline"); returns each group's
-        score on every one of its rows, reward_baselines (B,), and remax/ metrics (the baseline's reward/...,
-        its generated tokens). Greedy, and under a forked RNG: the trainer's random stream is untouched."""
-        first: dict[Any, int] = {}
-        for i, uid in enumerate(batch["uid"]):
-            first.setdefault(uid, i)
-        rows = batch.index(list(first.values()))
-        prompts = RLBatch({k: rows[k] for k in ("prompts", "prompt_mask")},
-                          {k: v for k, v in rows.non_tensors.items() if k in ("prompt_text", "row", "index",
-                                                                              "data_source", "uid")})
-        params = attrs.evolve(self.sampling(), temperature=0.0)                 # the training sampling, greedy
-        with timed(timing, "baseline_rollout"), fork_rng():
-            prompts.update(shard_rollout(lambda b: self.rollout.generate(b, params), prompts,
-                                         pad_token_id=self.tokenizer.pad_token_id,
-                                         seed=(self.config.trainer.seed, self.step, -1)))
-        with timed(timing, "baseline_reward"):
-            scored, reward_metrics = self.reward.score_batch(prompts, self.tokenizer, self.step, phase="baseline")
-        by_uid = dict(zip(prompts["uid"], scored["score"].tolist()))
-        baselines = torch.tensor([by_uid[uid] for uid in batch["uid"]], dtype=torch.float32)
-        return baselines, {**{f"remax/{k}": v for k, v in reward_metrics.items()},
-                           "remax/baseline_tokens": float(prompts["response_mask"].sum()),
-                           "remax/baseline_prompts": float(len(prompts))}
-
     def next_batch(self) -> RLBatch:
         return self.loader.next_batch(self.tokenizer.pad_token_id)
+
+    def old_log_probs(self, batch: RLBatch, plan) -> RLBatch:
+        """old_log_probs (B, R), and sum_pi_squared (B, R) for an estimator that reads it; nothing when the
+        on-policy update takes pi_old from its own forward (plan.old_log_probs = "none")."""
+        actor = self.workers.actor
+        if plan.old_log_probs == "pass_with_sum_pi_squared":
+            old, sum_pi_squared = actor.compute_log_probs_and_sum_pi_squared(batch)
+            return RLBatch({"old_log_probs": old, "sum_pi_squared": sum_pi_squared})
+        return RLBatch({"old_log_probs": actor.compute_log_probs(batch)}) if plan.old_log_probs == "pass" else RLBatch()
 
     def generate(self, batch: RLBatch, gen_round: int = 0) -> RLBatch:
         """Responses for every row. Under torchrun each rank samples its share of the rows and every
@@ -296,8 +261,9 @@ class Trainer:
         a step's later generation rounds (algorithm.filter_groups) fork their own seeds."""
         params = self.sampling()
         seed = (self.config.trainer.seed, self.step, *((gen_round,) if gen_round else ()))
-        return shard_rollout(lambda rows: self.rollout.generate(rows, params), batch, row_seeds=not params.greedy,
-                             pad_token_id=self.tokenizer.pad_token_id, seed=seed)
+        return check_rollout_columns(shard_rollout(lambda rows: self.rollout.generate(rows, params), batch,
+                                                   row_seeds=not params.greedy, pad_token_id=self.tokenizer.pad_token_id,
+                                                   seed=seed), self.config.rollout.name)
 
     def sampling(self, validation: bool = False) -> SamplingParams:
         r = self.config.rollout
@@ -353,7 +319,7 @@ class Trainer:
         rows = [{"uid": batch["uid"][i], "prompt": batch["prompt_text"][i], "response": batch["response_text"][i],
                  "score": float(batch["score"][i]),
                  "advantage": float(masked_mean(batch["advantages"][i], batch["loss_mask"][i])),
-                 **({"episode": batch["episode"][i]} if "episode" in batch else {})}
+                 **({"episode": batch["episode"][i]} if is_episodes(batch) else {})}
                 for i in range(len(batch) if k < 0 else min(k, len(batch)))]
         out = self.run_dir / "rollouts"
         out.mkdir(parents=True, exist_ok=True)
@@ -367,75 +333,8 @@ class Trainer:
                                self.config.trainer.keep_checkpoints)
 
 
-# ---- small helpers -----------------------------------------------------------------------------------
-@contextmanager
-def timed(timing: dict[str, float], name: str):
-    start = time.perf_counter()
-    yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
-
-
-def expand(batch: RLBatch, n: int) -> RLBatch:
-    """Each prompt repeated n times in place; rows of one prompt share a fresh uid."""
-    batch["uid"] = [uuid.UUID(int=random.getrandbits(128)).hex for _ in range(len(batch))]
-    return batch.repeat_interleave(n)
-
-
-def loss_mask(batch: RLBatch, mask_truncated: bool) -> torch.Tensor:
-    """(B, R) the tokens the update counts: the rollout's loss_mask if it sent one (its model's tokens),
-    else every response token; with mask_truncated (DAPO's overlong filtering) none of a truncated row's."""
-    mask = batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
-    return mask * (~batch["truncated"]).to(mask.dtype)[:, None] if mask_truncated else mask.clone()
-
-
-def informative_groups(batch: RLBatch) -> int:
-    """How many of the batch's groups have scores that are not all equal (those filter_groups keeps)."""
-    uniform = uniform_groups(batch["score"], batch["uid"]).tolist()
-    return len({uid for uid, same in zip(batch["uid"], uniform) if not same})
-
-
-def concat_rounds(batches: list[RLBatch], pad_token_id: int) -> RLBatch:
-    """The rows of several generation rounds in order, padded to common widths: prompts (and prompt_mask)
-    on the left, every other (B, width) column on the right (responses with pad_token_id, the rest with 0)."""
-    if len(batches) == 1:
-        return batches[0]
-    batches = [RLBatch(dict(b.tensors), b.non_tensors) for b in batches]
-    for key in [k for k, v in batches[0].tensors.items() if v.dim() == 2]:
-        width = max(b[key].shape[1] for b in batches)
-        left = key in ("prompts", "prompt_mask")
-        fill = pad_token_id if key in ("prompts", "responses") else 0
-        for b in batches:
-            missing = width - b[key].shape[1]
-            b[key] = torch.nn.functional.pad(b[key], (missing, 0) if left else (0, missing), value=fill)
-    return RLBatch.concat(batches)
-
-
-def merge_reward_metrics(rounds: list[dict[str, float]], scores: torch.Tensor) -> dict[str, float]:
-    """The reward metrics of several rounds of equally many rows as over all their rows: counts
-    (reward/errors, reward/timeouts, reward/crashes) summed, means averaged, reward/std over all `scores` (B,)."""
-    counts = ("reward/errors", "reward/timeouts", "reward/crashes")
-    keys = {k: None for r in rounds for k in r}
-    out = {k: (sum if k in counts else statistics.fmean)([r[k] for r in rounds if k in r]) for k in keys}
-    out["reward/mean"] = float(scores.mean())
-    out["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-    return out
-
-
-def rollout_metrics(batch: RLBatch) -> dict[str, float]:
-    """What was sampled (response_mask, truncated: the rollout's own facts; a multi-turn episode's turns)."""
-    lengths, prompts = batch["response_mask"].sum(-1), batch["prompt_mask"].sum(-1).float()
-    return {"rollout/response_length/mean": float(lengths.mean()), "rollout/response_length/max": float(lengths.max()),
-            "rollout/prompt_length/mean": float(prompts.mean()), "rollout/tokens": float(lengths.sum() + prompts.sum()),
-            "rollout/truncated_frac": float(batch["truncated"].float().mean()),
-            **(episode_metrics(batch) if "num_turns" in batch else {})}
-
-
-def batch_metrics(batch: RLBatch, timing: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
-    out = {"throughput/tokens_per_s": metrics["rollout/tokens"] / max(timing["step"], 1e-9)}
-    if (rss := resident_mib()) is not None:                 # the trainer process, at the step's end
-        out["perf/rss_mib"] = rss
-    if "values" in batch:
-        out["critic/values/mean"] = float(masked_mean(batch["values"], batch["loss_mask"]))
-        out["critic/returns/mean"] = float(masked_mean(batch["returns"], batch["loss_mask"]))
-    out.update({f"timing/{k}": v for k, v in timing.items()})
-    return out
+def added(batch: RLBatch, stage_output: tuple[RLBatch, dict[str, float]]) -> dict[str, float]:
+    """A stage's (columns, metrics): the columns go into `batch`, the metrics are returned."""
+    columns, metrics = stage_output
+    batch.update(columns)
+    return metrics

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
+from ..batch import is_episodes
 from ..data import collate
 from ..env import episode_metrics
 from ..reward.scoring import with_episode_rewards
-from ..rollout import SamplingParams
+from ..rollout import SamplingParams, check_rollout_columns
 from ..dist import fork_rng, is_rank0
 
 
@@ -66,12 +67,12 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             batch = collate(data, indices, tokenizer.pad_token_id, config.data.data_source_key)
             batch["uid"] = [f"val-{i}" for i in indices]
             batch = batch.repeat_interleave(n)
-            batch.update(rollout.generate(batch, params))
+            batch.update(check_rollout_columns(rollout.generate(batch, params), config.rollout.name))
             scores, texts, reward_metrics = scorer.score_responses(batch, tokenizer, phase="val", step=step)
             scores = with_episode_rewards(scores, batch)
             for key in ("reward/errors", "reward/timeouts", "reward/crashes"):
                 failures[key] += reward_metrics.get(key, 0.0)
-            if "num_turns" in batch:
+            if is_episodes(batch):
                 for key, value in episode_metrics(batch).items():
                     episodes[key] += value if key == "episode/errors" else value * len(batch)
             per_prompt = scores.view(-1, n)  # (prompts, n)
@@ -83,7 +84,7 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             every = keep < 0
             samples += [{**({"index": batch["index"][i], "data_source": batch["data_source"][i]} if every else {}),
                          "prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i]),
-                         **({"episode": batch["episode"][i]} if "episode" in batch else {}),
+                         **({"episode": batch["episode"][i]} if is_episodes(batch) else {}),
                          **({"row": batch["row"][i]} if every else {})}
                         for i in range(len(batch) if every else min(keep - len(samples), len(batch)))]
             if progress is not None:

@@ -32,39 +32,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 
 from ..algos import (PolicyLossInputs, compute_actor_loss, compute_value_loss, entropy_from_logits,
                      logprobs_from_logits, loss_totals, sum_pi_squared_from_logits)
-from ..algos.losses import PolicyLoss
 from ..batch import RLBatch
 from ..config import ActorConfig, Config, CriticConfig, ModelConfig, OptimConfig
-from ..errors import ConfigError, UserError
-from ..protocols import Actor, Critic
+from ..errors import ConfigError, NonFiniteError
+from ..protocols import Actor, Critic, PolicyLoss, Workers  # noqa: F401 (Workers: re-exported)
 from .compile import compile_blocks
 from .lm_head import ChunkedHead
 from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
 from .rows import model_inputs, token_budget_groups
 from .strategies import DataParallel, FullWeights, SingleProcess, Weights
-
-
-class NonFiniteError(UserError):
-    """A loss or gradient was NaN/inf; the optimizer did not step (often a learning rate that is too high)."""
-
-
-@attrs.define
-class Workers:
-    """What `make_workers(config)` returns (see nanoverl_core.protocols for each contract)."""
-
-    tokenizer: Any
-    """Hugging Face-like: encode(text), decode(ids, skip_special_tokens=True), pad_token_id, eos_token_id."""
-    actor: Actor
-    """The policy being trained."""
-    reference: Actor | None = None
-    """A frozen policy for KL terms (reference.enable), else None."""
-    critic: Critic | None = None
-    """The value model (critic.enable), else None."""
 
 
 def resolve_device(name: str) -> torch.device:

@@ -82,7 +82,7 @@ def test_hf_episode_tokens_are_the_samplers_under_a_template_that_rewrites_earli
         expected = turns[0] + answer + turns[1] + answer + turns[2]
         n = int(out["response_mask"][row].sum())
         assert out["responses"][row, :n].tolist() == expected          # the sampler's ids, bit for bit
-        assert out["loss_mask"][row, :n].tolist() == [1.0] * len(turns[0]) + [0.0] * len(answer) + \
+        assert out["model_mask"][row, :n].tolist() == [1.0] * len(turns[0]) + [0.0] * len(answer) + \
             [1.0] * len(turns[1]) + [0.0] * len(answer) + [1.0] * len(turns[2])
         # what a trainer that re-renders the conversation would train on instead
         messages = [{"role": "user", "content": tok.decode(batch["prompts"][row][batch["prompt_mask"][row].bool()])

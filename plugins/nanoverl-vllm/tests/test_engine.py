@@ -313,7 +313,7 @@ def _mismatch(workers, batch, out) -> tuple[float, float]:
     full = batch.index(list(range(len(batch))))
     full.update(out)
     trainer = workers.actor.compute_log_probs(full)
-    mask = out["loss_mask"].bool()
+    mask = out["model_mask"].bool()
     log_ratio = (trainer - out["rollout_log_probs"])[mask]
     return float(log_ratio.abs().max()), float((log_ratio.exp() - 1 - log_ratio).mean())
 
@@ -334,7 +334,7 @@ def test_multiturn_episodes_keep_the_engines_tokens_and_log_probs(fresh):
     multi = _mismatch(workers, batch, out)
     torch.manual_seed(0)
     single = rollout.generate(batch, SamplingParams(max_new_tokens=12, temperature=1.0))
-    single["loss_mask"] = single["response_mask"]
+    single["model_mask"] = single["response_mask"]
     single = _mismatch(workers, batch, single)
     assert multi[0] < 1e-4, (multi, single)                     # measured: both ~3e-6 in float32
     assert multi[1] <= 2 * single[1] + 1e-10, (multi, single)

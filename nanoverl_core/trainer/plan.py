@@ -1,0 +1,75 @@
+"""The step plan: which passes a training step runs, decided once when the trainer is built.
+
+Which of the optional passes a step needs follows from the config and from what the chosen components
+can do, never from the batch: `plan_step` decides it once, `Trainer.train_step` reads it, and
+`nanoverl-train --dry-run` prints it (`StagePlan.describe`). During `trainer.critic_warmup` the actor
+does not update, so those steps have a plan of their own (`actor_update` false).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from ..config import Config
+from ..errors import ConfigError
+
+
+@attrs.frozen
+class StagePlan:
+    on_policy: bool
+    """One optimizer step per batch and no reference: pi_old *is* the policy being updated, so the
+    update takes its old log-probs from its own forward pass (detached), and `actor.update` is told so."""
+    old_log_probs: Literal["none", "pass", "pass_with_sum_pi_squared"]
+    """Step 5. "none": nothing reads pi_old before the update (on-policy), so the pass costs nothing;
+    "pass": `actor.compute_log_probs`; "pass_with_sum_pi_squared": the actor's
+    `compute_log_probs_and_sum_pi_squared` (an estimator that reads sum pi^2, the optimal token baseline)."""
+    reference: bool
+    """Step 6: the reference's log-probs (reference.enable)."""
+    critic: bool
+    """Step 6's values and step 8's critic update (critic.enable)."""
+    mismatch: Literal["none", "before_update", "from_update"]
+    """Step 6b, the rollout_corr/ metrics of the engine's log-probs against pi_old's. "none": the rollout
+    returns no log-probs; "before_update": from the old log-probs pass (rollout correction, when on, weights
+    the loss with them); "from_update": from the on-policy update's own forward (`update_log_probs`)."""
+    greedy_baseline: bool
+    """Step 4c: one greedy response per prompt, scored (an estimator that reads `reward_baselines`: ReMax)."""
+    actor_update: bool = True
+    """Steps 9 and 10; false during trainer.critic_warmup."""
+
+    def describe(self) -> dict[str, str]:
+        """Each stage and how it runs, as --dry-run prints it."""
+        return {"old_log_probs": {"none": "from the on-policy update's forward (no pass)",
+                                  "pass": "a separate pass before the update",
+                                  "pass_with_sum_pi_squared": "a separate pass, with sum pi^2"}[self.old_log_probs],
+                "ref_log_probs": "a pass" if self.reference else "off",
+                "values": "a pass, and a critic update" if self.critic else "off",
+                "rollout_mismatch": {"none": "off (the rollout returns no log-probs)",
+                                     "before_update": "from the old log-probs, before the update",
+                                     "from_update": "from the update's forward"}[self.mismatch],
+                "greedy_baseline": "one greedy response per prompt" if self.greedy_baseline else "off",
+                "actor_update": "on-policy (one optimizer step)" if self.on_policy else "PPO epochs over mini-batches"}
+
+
+def plan_step(config: Config, estimator: Any, *, reference: bool, critic: bool, rollout_log_probs: bool,
+              actor: Any = None, actor_update: bool = True) -> StagePlan:
+    """The plan for `config` with the chosen estimator. `actor`: the built actor, whose optional methods
+    decide two passes (None, as --dry-run has it: a `TorchActor`'s, which has both)."""
+    on_policy = (config.actor.ppo_epochs == 1 and not reference
+                 and config.actor_mini_batch_size == config.data.batch_size)
+    sum_pi_squared = bool(getattr(estimator, "requires_sum_pi_squared", False))
+    if sum_pi_squared and actor is not None and not hasattr(actor, "compute_log_probs_and_sum_pi_squared"):
+        raise ConfigError(f"algorithm.advantage_estimator = {config.algorithm.advantage_estimator!r} needs the "
+                          "policy's sum of pi^2 per token, but worker.name = "
+                          f"{config.worker.name!r} has no compute_log_probs_and_sum_pi_squared; use a worker whose "
+                          "actor has it (a TorchActor: workers debug, hf, fsdp) or another estimator")
+    keeps_log_probs = actor is None or hasattr(actor, "update_log_probs")
+    from_update = (on_policy and actor_update and keeps_log_probs and not sum_pi_squared
+                   and not config.algorithm.rollout_correction.enabled)
+    mismatch = "none" if not rollout_log_probs else "from_update" if from_update else "before_update"
+    old = ("pass_with_sum_pi_squared" if sum_pi_squared
+           else "pass" if not on_policy or mismatch == "before_update" else "none")
+    return StagePlan(on_policy=on_policy, old_log_probs=old, reference=reference, critic=critic, mismatch=mismatch,
+                     greedy_baseline=bool(getattr(estimator, "requires_greedy_baseline", False)),
+                     actor_update=actor_update)
