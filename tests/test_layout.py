@@ -91,3 +91,71 @@ def test_the_scan_sees_every_form_of_core_import(tmp_path):
         ("nanoverl_core.rollout", "sample_seeds"), ("nanoverl_core.trainer.dist", "rank"),
         ("nanoverl_core.trainer.trainer", "Trainer"),
         ("nanoverl_core.workers", "_private")]
+
+
+# ---- inside the core: every wing imports downward ------------------------------------------------------
+FLOORS = ["errors", "env.contract", "hookspecs", "foreign_keys", "batch", "plugins", "config", "processes", "rollout",
+          "dist", "algos", "protocols", "reward", "env", "data", "workers", "testing", "builtins", "trainer", "cli"]
+"""The core's wings, lowest first: a module imports its own wing and the wings below, never one above or
+beside it (the package's __init__, which names the public surface lazily, stands outside). env.contract,
+what an environment receives and returns, imports nothing of the core and sits below everything that
+names it."""
+CORE = ROOT / "nanoverl_core"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(CORE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def core_graph() -> dict[str, set[str]]:
+    """Module -> the core modules it imports, every import counted: type-only, inside functions, relative."""
+    modules = {_module(p): p for p in CORE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("nanoverl_core")):
+                if node.level:
+                    base = package.split(".") if package else []
+                    base = base[:len(base) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module.removeprefix("nanoverl_core").lstrip(".")
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}".lstrip(".")
+                    found.add(sub if sub in modules else target)
+            elif isinstance(node, ast.Import):
+                found |= {a.name.removeprefix("nanoverl_core.") for a in node.names if a.name.startswith("nanoverl_core.")}
+        graph[name] = {m for m in found if m in modules and m not in ("", name)}
+    return graph
+
+
+def _floor(module: str) -> int:
+    return next(FLOORS.index(p) for p in (module, module.split(".")[0]) if p in FLOORS)
+
+
+def test_every_core_module_imports_its_own_wing_or_the_floors_below():
+    graph = core_graph()
+    assert len(graph) > 50 and "trainer.trainer" in graph and "config.schema" in graph["config"]
+    climbing = [f"{m} -> {d}" for m, deps in graph.items() if m for d in deps if _floor(d) > _floor(m)]
+    assert not climbing, f"imports that climb a floor: {climbing}"
+
+
+def test_the_core_has_no_import_circle():
+    graph, state, circles = core_graph(), {}, []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for dep in sorted(graph[module]):
+            if state.get(dep) == "open":
+                circles.append(path[path.index(dep):] + [dep] if dep in path else [module, dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, f"import circles: {circles}"

@@ -19,9 +19,9 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     """The objects the run uses (worker and rollout factories imported only if `import_backends`)."""
     registry.check_imports()
     for kind, name, key in (("worker", config.worker.name, "worker.name"),
-                            ("rollout", config.rollout.name, "rollout.name"),
-                            ("policy_loss", config.actor.policy_loss, "actor.policy_loss")):
-        registry.entry(kind, name, key)
+                            ("rollout", config.rollout.name, "rollout.name")):
+        registry.entry(kind, name, key)                 # known names; imported below only with import_backends
+    policy_loss = registry.get("policy_loss", config.actor.policy_loss, key="actor.policy_loss")
     component_settings(config, registry)  # defaults for a config built in code; a loaded one keeps its own
     if config.model.lora.enable:
         _check_lora_worker(config, registry)
@@ -45,7 +45,7 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
                                        prompt_key=config.data.prompt_key),
                 "environment": registry.get("environment", env.name, key="environment.name") if env.name else None,
                 "environment_ref": _importable(registry, "environment", env.name) if env.name else "",
-                "policy_loss": registry.get("policy_loss", config.actor.policy_loss, key="actor.policy_loss"),
+                "policy_loss": policy_loss,
                 "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
     if import_backends:
         resolved["worker"] = registry.get("worker", config.worker.name, key="worker.name")
