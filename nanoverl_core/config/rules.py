@@ -107,7 +107,7 @@ def algorithm_rules(config: Config) -> None:
 
 def model_rules(config: Config) -> None:
     m = config.model
-    if m.compute_dtype and m.dtype != "float32" and m.compute_dtype != m.dtype:
+    if m.compute_dtype not in ("", "auto") and m.dtype != "float32" and m.compute_dtype != m.dtype:
         raise ConfigError(f"model.compute_dtype = {m.compute_dtype!r} with model.dtype = {m.dtype!r}: autocast "
                           "computes in a narrower dtype than the weights', not another one; set model.dtype = "
                           "\"float32\" (float32 weights, mixed-precision compute) or leave model.compute_dtype empty")

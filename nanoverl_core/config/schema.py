@@ -156,14 +156,16 @@ class ModelConfig:
     dtype: DType = "float32"
     """Parameter dtype for training and rollout: of the weights, their gradients and the AdamW state
     (bfloat16 here is a pure-bf16 model; bf16 mixed precision is compute_dtype)."""
-    compute_dtype: Literal["", "float32", "bfloat16", "float16"] = ""
+    compute_dtype: Literal["", "auto", "float32", "bfloat16", "float16"] = ""
     """Mixed precision. "" (default): compute in model.dtype, no autocast. "bfloat16" / "float16": the
     actor's and critic's forward and backward (update, log-prob, reference and value passes) and a
     rollout sharing their modules run under torch.autocast to it, while weights, gradients and AdamW
     state stay in model.dtype (keep "float32": TRL's bf16 = true, verl's mixed precision); log-softmax,
     entropy and the losses stay float32. An engine with its own copy of the weights holds them in it
     (docs/backends.md#precision). "float16" has no loss scaling here (gradients can underflow): prefer
-    "bfloat16". Not wider than model.dtype."""
+    "bfloat16". Not wider than model.dtype. "auto": "bfloat16" where the hardware computes in it (a CUDA
+    GPU with bf16, a CPU with bf16 matmul instructions: nanoverl_core.workers.precision), else float32;
+    the run says which at start and its config.json holds the pick."""
     compile: bool = False
     """torch.compile (Inductor, dynamic shapes) the parts of each transformer block that hold no KV cache
     (a Llama's norms and MLP) in the actor's, reference's and critic's modules, and in a rollout sharing

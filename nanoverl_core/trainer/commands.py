@@ -22,6 +22,7 @@ from ..data import load_split
 from ..dist import is_rank0
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
+from ..workers.precision import resolve_compute_dtype
 from .checkpoint import find_checkpoint, reading_checkpoint
 from .resolve import build_rollout, prompt_tools, resolve_plugins
 from .validation import eval_decodings
@@ -38,6 +39,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
         raise ConfigError(f"--samples {samples}: the folder {samples.parent} does not exist; create it or name "
                           "another file")
     ckpt = find_checkpoint(checkpoint, "--checkpoint", config.trainer.output_dir) if checkpoint is not None else None
+    resolve_compute_dtype(config)
     plugins = resolve_plugins(config, registry)
     plugins["reward"].errors_path = None  # eval writes nothing: failed reward calls are only counted
     torch.manual_seed(config.trainer.seed)

@@ -116,6 +116,10 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
     facts = dict(reference=config.reference.enable, critic=config.critic.enable,
                  rollout_log_probs=bool(getattr(config.rollout.settings, "log_probs", False)))
     out["step_plan"] = plan_step(config, plugins["estimator"], **facts).describe()
+    if config.model.compute_dtype == "auto":
+        from ..workers.precision import pick_compute_dtype
+        dtype, why = pick_compute_dtype(config.trainer.device)
+        out["step_plan"]["compute_dtype"] = f"auto: {dtype or 'float32'} on this machine ({why})"
     if config.trainer.critic_warmup:                    # steps 1..critic_warmup train the critic alone
         out["step_plan_in_critic_warmup"] = plan_step(config, plugins["estimator"], **facts, actor_update=False).describe()
     return out

@@ -39,6 +39,7 @@ from ..errors import ConfigError, NonFiniteError, RolloutError
 from ..plugins import Registry
 from ..rollout import SamplingParams, check_rollout_columns
 from ..workers import compile_metrics
+from ..workers.precision import resolve_compute_dtype
 from .batches import (batch_metrics, concat_rounds, expand, informative_groups, merge_reward_metrics, rollout_metrics,
                       timed)
 from .checkpoint import (checkpoint_root, complete_checkpoints, find_resume, load_checkpoint, read_tracker_states,
@@ -53,6 +54,7 @@ class Trainer:
     def __init__(self, config: Config, registry: Registry):
         self.config = cfg = config
         self.run_dir = Path(cfg.trainer.output_dir)
+        resolve_compute_dtype(cfg)                          # "auto": what this machine computes fast in
         plugins = resolve_plugins(cfg, registry)
         self.estimator, self.reward, self.policy_loss = plugins["estimator"], plugins["reward"], plugins["policy_loss"]
         seed_everything(cfg.trainer.seed)

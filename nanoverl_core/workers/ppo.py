@@ -42,6 +42,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..protocols import Actor, Critic, PolicyLoss, Workers  # noqa: F401 (Workers: re-exported)
 from .compile import compile_blocks
 from .lm_head import ChunkedHead
+from .precision import cpu_has_fast
 from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
 from .rows import model_inputs, token_budget_groups
 from .strategies import DataParallel, FullWeights, SingleProcess, Weights
@@ -76,20 +77,12 @@ def autocast(model: ModelConfig, device: torch.device) -> contextlib.AbstractCon
     return torch.autocast(device.type, dtype=getattr(torch, dtype)) if dtype else contextlib.nullcontext()
 
 
-def cpu_has_fast(dtype: str) -> bool:
-    """Whether oneDNN finds this CPU's instructions for `dtype` matmuls (AVX512-BF16 / AMX / AVX512-FP16).
-    Without them a bf16 matmul is emulated, many times slower than float32 (see docs/backends.md#precision)."""
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported" if dtype == "bfloat16" else
-                    "_is_mkldnn_fp16_supported", None)
-    return check is None or bool(check())
-
-
 @functools.cache
 def _warn_slow_compute_dtype(dtype: str) -> None:
     """Once per process: model.compute_dtype on a CPU that emulates it."""
     if not cpu_has_fast(dtype):
         print(f"warning: model.compute_dtype = {dtype!r}, but this CPU has no {dtype} matmul instructions: its "
-              "matmuls run many times slower than float32 here; leave model.compute_dtype empty on this machine",
+              "matmuls run many times slower than float32 here; leave model.compute_dtype empty (or \"auto\") on this machine",
               file=sys.stderr)
 
 

@@ -1,0 +1,64 @@
+"""Which precision the module passes compute in: whether this machine has fast bf16 / fp16 matmuls, and
+what `model.compute_dtype = "auto"` picks.
+
+On x86 a bf16 matmul is fast only where oneDNN runs it with the CPU's own bf16 instructions
+(AVX512-BF16, or AMX): `brg_matmul:avx512_core_bf16` in ONEDNN_VERBOSE's log. An AVX-512 CPU without
+them runs oneDNN's emulation (`gemm:jit:bf16`, a fraction of float32's rate), an AVX2-only one falls back
+to ATen's reference loop (~1 GFLOP/s). ONEDNN_MAX_CPU_ISA caps the instructions oneDNN may use, so a
+machine that has them can be made to run (and be detected) as one that has not: the tests do that.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+import torch
+
+ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
+               "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16")
+"""oneDNN's x86 instruction-set levels, lowest first (the values ONEDNN_MAX_CPU_ISA takes; ALL is no cap)."""
+NATIVE = {"bfloat16": "AVX512_CORE_BF16", "float16": "AVX512_CORE_FP16"}
+"""The lowest level at which oneDNN multiplies each dtype with the CPU's own instructions."""
+
+
+def _isa_allowed(level: str) -> bool:
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return cap not in ONEDNN_ISAS or ONEDNN_ISAS.index(cap) >= ONEDNN_ISAS.index(level)
+
+
+def cpu_has_fast(dtype: str) -> bool:
+    """Whether this CPU multiplies `dtype` ("bfloat16", "float16") with its own instructions, as oneDNN will
+    run them: on x86 the CPU reports AVX512-BF16 (or AMX) / AVX512-FP16 and ONEDNN_MAX_CPU_ISA allows that
+    level; elsewhere, whether oneDNN has kernels for it at all."""
+    onednn = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported" if dtype == "bfloat16" else
+                     "_is_mkldnn_fp16_supported", None)
+    if onednn is not None and not onednn():
+        return False
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return onednn is not None
+    cpu = torch.cpu._is_avx512_bf16_supported() if dtype == "bfloat16" else torch.cpu._is_amx_fp16_supported()
+    return (cpu or torch.cpu._is_amx_tile_supported()) and _isa_allowed(NATIVE[dtype])
+
+
+def pick_compute_dtype(device: str) -> tuple[str, str]:
+    """("bfloat16" or "" for float32, why) for `model.compute_dtype = "auto"` on trainer.device `device`."""
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        fast = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return ("bfloat16", "this GPU computes in bf16") if fast else ("", "this GPU has no bf16")
+    if cpu_has_fast("bfloat16"):
+        return "bfloat16", "this CPU has bf16 matmul instructions (AVX512-BF16 or AMX)"
+    return "", "this CPU has no bf16 matmul instructions"
+
+
+def resolve_compute_dtype(config) -> None:
+    """`model.compute_dtype = "auto"` made what it picks on this machine, said once on stderr; called
+    before anything reads it (the run directory's config.json holds the pick)."""
+    if config.model.compute_dtype != "auto":
+        return
+    dtype, why = pick_compute_dtype(config.trainer.device)
+    config.model.compute_dtype = dtype if config.model.dtype == "float32" else ""   # bf16 weights: no cast
+    print(f"model.compute_dtype = auto: {config.model.compute_dtype or 'float32'} ({why})", file=sys.stderr)
