@@ -82,7 +82,8 @@ def _warn_slow_compute_dtype(dtype: str) -> None:
     """Once per process: model.compute_dtype on a CPU that emulates it."""
     if not cpu_has_fast(dtype):
         print(f"warning: model.compute_dtype = {dtype!r}, but this CPU has no {dtype} matmul instructions: its "
-              "matmuls run many times slower than float32 here; leave model.compute_dtype empty (or \"auto\") on this machine",
+              "matmuls run many times slower than float32 here; leave model.compute_dtype empty (or \"auto\") on "
+              "this machine",
               file=sys.stderr)
 
 
