@@ -26,7 +26,7 @@ DEPS = ROOT / ".nox" / "_deps"
 DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors", "datasets>=3.0", "numpy",
              "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "matplotlib>=3.7", "mlflow>=2.16", "pytest>=8",
              "pytest-timeout", "hypothesis>=6.100", "playwright>=1.40", "setuptools>=68", "wheel"]
-PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math", "reasoning-gym",
+PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math", "code", "reasoning-gym",
                                                          "tensorboard", "wandb")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "TOKENIZERS_PARALLELISM": "false"}
@@ -112,6 +112,15 @@ def math(session):
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", *MATH_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-math/tests")
     _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [reward.math_verify]'s keys
+
+
+@nox.session(python="3.11")
+def code(session):
+    """nanoverl-code: the code reward's layouts and verdicts, its settings through the CLI and the reward pool,
+    and the hostile catalogue (programs that attack the sandbox, the grader, the host and the parent)."""
+    _setup(session, "code")
+    _pytest(session, "plugins/nanoverl-code/tests")
+    _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [reward.code]'s keys
 
 
 TENSORBOARD_DEPS = ["tensorboard>=2.14"]

@@ -1,0 +1,81 @@
+"""Settings of the `code` reward, written as [reward.code].
+
+Kept apart from the reward, so checking a config stays fast. Choosing the namespace sandbox on a machine
+where it cannot be made is a config error here (a trivial program is run once per process to find out),
+so a run that could not isolate its programs stops before anything starts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from nanoverl_core.config import above, at_least
+
+from .sandbox import Limits, probe
+
+
+def _dotted_path(_instance, attribute, value: str) -> None:
+    if value and any(not part for part in value.split(".")):
+        raise ValueError(f"'{attribute.name}' = {value!r} is not a dotted path of row fields "
+                         "(e.g. reward_model.ground_truth); leave it empty for the usual fields")
+
+
+def _sandbox_works(instance, _attribute, value: str) -> None:
+    reason = probe(value, instance.python)
+    if reason and value == "namespaces":
+        raise ValueError(f"the namespace sandbox cannot be made on this machine ({reason}); set "
+                         "[reward.code] sandbox = \"rlimits\" to run programs with rlimits only (no network, PID or "
+                         "mount isolation: docs/code.md)")
+    if reason:
+        raise ValueError(f"programs do not run in the sandbox here ({reason}); set [reward.code] python to an "
+                         "interpreter that an unprivileged user can run (e.g. /usr/bin/python3)")
+
+
+@attrs.define
+class CodeSettings:
+    sandbox: Literal["namespaces", "rlimits"] = attrs.field(default="namespaces", validator=_sandbox_works)
+    """"namespaces": each execution in new mount, PID, network, IPC and UTS namespaces (a user namespace too
+    when not root) with a read-only root, no network, a fresh tmpfs /work and an unprivileged uid.
+    "rlimits": the same processes on the host under rlimits only, in a fresh folder, as a fresh uid when root:
+    no network or filesystem isolation (docs/code.md); for machines where namespaces cannot be made."""
+    code_from: Literal["last_block", "response"] = "last_block"
+    """Where the program is: "last_block" the last fenced code block (```python, ```py or bare ```; the whole
+    response when it has none, as verl's prime_code), "response" the whole response. <think>...</think> is
+    removed first either way."""
+    score: Literal["all", "fraction"] = "all"
+    """"all": 1.0 when every test case passes, else 0.0; "fraction": the fraction of test cases that pass."""
+    compare: Literal["lines", "tokens", "exact"] = "lines"
+    """stdin/stdout tests: "lines" compares line by line with trailing whitespace and trailing empty lines
+    ignored, "tokens" the whitespace-separated tokens, "exact" the bytes."""
+    max_tests: int = attrs.field(default=0, validator=at_least(0))
+    """Test cases run per row, the first ones (0: all)."""
+    ground_truth_key: str = attrs.field(default="", validator=_dotted_path)
+    """The row field holding the test cases (dotted path); empty: reward_model.ground_truth, ground_truth, ...
+    then the row's own test fields (test + entry_point, test_list)."""
+    cpu_s: float = attrs.field(default=2.0, validator=above(0))
+    """CPU seconds per execution (RLIMIT_CPU; over it: timeout)."""
+    wall_s: float = attrs.field(default=5.0, validator=above(0))
+    """Wall-clock seconds per execution, from the interpreter's start (over it: timeout)."""
+    memory_mb: int = attrs.field(default=512, validator=at_least(32))
+    """Address space per process in MiB (RLIMIT_AS; over it: memory). The interpreter needs about 20."""
+    max_output_bytes: int = attrs.field(default=1 << 20, validator=above(0))
+    """stdout + stderr (and a returned value) per execution in bytes (over it: output_limit)."""
+    processes: int = attrs.field(default=16, validator=at_least(1))
+    """Processes and threads the execution's uid may have at once (RLIMIT_NPROC)."""
+    file_size_mb: int = attrs.field(default=16, validator=at_least(0))
+    """Largest file an execution may write, in MiB (RLIMIT_FSIZE)."""
+    open_files: int = attrs.field(default=64, validator=at_least(16))
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+    disk_mb: int = attrs.field(default=32, validator=at_least(1))
+    """Size of the execution's tmpfs /work (namespaces only; /tmp is the same folder)."""
+    python: str = ""
+    """The interpreter programs run on; "": the base installation of the Python running nanoverl (the standard
+    library and that installation's own site-packages, not the venv's). A venv's python brings its packages;
+    its folders are mounted read-only."""
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.cpu_s, self.memory_mb, self.wall_s, self.max_output_bytes, self.processes,
+                      self.file_size_mb, self.open_files, self.disk_mb)
