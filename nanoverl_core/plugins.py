@@ -7,7 +7,9 @@ built-ins are registered through the same hooks, under the distribution name ``n
 One ``Registry`` holds a table per kind (rollout, worker, advantage_estimator, reward, tracker,
 policy_loss, environment, data_source), records which distribution provided each name (and its description and settings
 class), resolves ``"module:attr"`` strings only when a name is selected, and raises one
-``PluginError`` format for duplicates and unknown names.
+``PluginError`` format for duplicates and unknown names. ``import_ref`` is the core's one ``"module:attr"``
+resolver: the registry's, and the reward and environment worker processes' (reward/ and env/ import it
+from here; this module imports neither).
 """
 
 from __future__ import annotations
@@ -63,6 +65,17 @@ def _shown(path: Path) -> str:
         return str(path.relative_to(Path.cwd().resolve())) or "."
     except ValueError:
         return str(path)
+
+
+def import_ref(ref: str) -> Any:
+    """The object a "module:qualname" string names: how the registry resolves a lazy registration, and how a
+    worker process (a reward's, an environment's) imports a registered object; the string comes from a
+    registration, never from a config value. Raises ImportError or AttributeError; callers name the ref."""
+    module, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 @attrs.define
@@ -156,9 +169,8 @@ class Registry:
         """`obj` itself, or what its "module:attr" string names (errors say what to install or fix)."""
         kind, name = entry.kind, entry.name
         if isinstance(obj, str):
-            module, _, attr = obj.partition(":")
             try:
-                obj = getattr(importlib.import_module(module), attr)
+                obj = import_ref(obj)
             except ImportError as exc:
                 extra = FIRST_PARTY.get((kind, name))
                 fix = install_hint(extra) if extra else f"install what {entry.provider} needs"

@@ -111,10 +111,9 @@ def test_code_is_imported_only_from_entry_points_and_reward_file():
                 dynamic.setdefault(str(f.relative_to(ROOT)), []).append(_dotted(node.func).split(".")[-1])
     assert dynamic == {"nanoverl_core/__init__.py": ["import_module"],       # its own lazy public names
                        "nanoverl_core/env/__init__.py": ["import_module"],   # its own lazy public names
-                       "nanoverl_core/plugins.py": ["import_module"],        # registered "module:attr" strings
+                       "nanoverl_core/plugins.py": ["import_module"],  # import_ref: registered "module:attr"
                        "nanoverl_core/reward/__init__.py": ["import_module"],  # its own lazy public names
-                       "nanoverl_core/reward/calls.py": ["import_module",  # a registered object in a worker;
-                                                         "spec_from_file_location", "exec_module"]}  # reward.file
+                       "nanoverl_core/reward/calls.py": ["spec_from_file_location", "exec_module"]}  # reward.file
 
 
 # ---- checkpoints: only safe formats, and a planted pickle never runs -----------------------------------

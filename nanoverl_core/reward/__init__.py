@@ -3,7 +3,8 @@
     scoring.py  RewardScorer: the configured rewards (one, a file, or weighted components) over a batch,
                 under reward.on_error; the trainer's reward stage (score_batch) and the overlong penalty
     calls.py    one call: the nanoverl and verl call conventions, loading a reward.file, checking results
-    pool.py     RewardPool: worker processes with timeouts, crash isolation and a memory cap
+    pool.py     RewardPool: stateless calls on a WorkerPool (nanoverl_core.processes: worker processes with
+                timeouts, crash isolation and a memory cap)
 
 The worker processes import `nanoverl_core.reward.pool` without torch, so this package imports its
 modules lazily.

@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from ..errors import ConfigError, RewardError
+from ..plugins import import_ref
 
 GROUND_TRUTH_KEYS = ("reward_model.ground_truth", "ground_truth", "target", "answer")
 """Where a data row holds its ground truth, in order (dotted paths into nested dicts)."""
@@ -76,16 +77,6 @@ def importable_ref(fn: Callable) -> str:
     if not module or module == "__main__" or "<" in qualname:
         return ""
     return f"{module}:{qualname}"
-
-
-def import_ref(ref: str) -> Any:
-    """The object a "module:qualname" string names: what a worker process (a reward's, an environment's)
-    imports a registered object by; the string comes from the registry, never from a config value."""
-    module, _, qualname = ref.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def load_function(spec: ComponentSpec) -> Callable:

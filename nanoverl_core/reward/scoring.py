@@ -8,7 +8,7 @@ function `(prompts, completions, **kwargs) -> list[float]` run unchanged), or se
 `reward/<name>/mean`; the training stage also hands each component's own score and weight on
 (`component_scores`, `component_weights`, (B, K)) for estimators that use them (gdpo).
 
-Where the calls run (`pool.py` has the machinery, `calls.py` the call conventions):
+Where the calls run (`pool.py` the worker pool, on nanoverl_core.processes; `calls.py` the call conventions):
   * per-row rewards run in `reward.workers` worker processes (default), so a reward that hangs,
     segfaults, calls `os._exit` or leaks memory costs one call and one worker, never the run;
   * `reward.workers = 0` calls them in the trainer process (debugging; a timeout then holds only in
