@@ -68,12 +68,13 @@ def _shown(path: Path) -> str:
 
 
 def import_ref(ref: str) -> Any:
-    """The object a "module:qualname" string names: how the registry resolves a lazy registration, and how a
-    worker process (a reward's, an environment's) imports a registered object; the string comes from a
-    registration, never from a config value. Raises ImportError or AttributeError; callers name the ref."""
+    """The object a "module:qualname" string names (a bare "module": the module): how the registry resolves a
+    lazy registration and loads the built-in plugin, and how a worker process (a reward's, an environment's)
+    imports a registered object; the string comes from the code, never from a config value. Raises
+    ImportError or AttributeError; callers name the ref."""
     module, _, qualname = ref.partition(":")
     obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
+    for part in filter(None, qualname.split(".")):
         obj = getattr(obj, part)
     return obj
 
@@ -210,7 +211,7 @@ def make_plugin_manager() -> tuple[pluggy.PluginManager, list[PluginInfo]]:
     """A plugin manager with the built-ins and every allowed, importable entry-point plugin. The built-ins
     are a plugin like any other, loaded by module name as an entry point is (the plugin manager does not
     import the wings above it)."""
-    builtins = importlib.import_module(BUILTINS)
+    builtins = import_ref(BUILTINS)
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
     infos = [PluginInfo(CORE_DIST, _version(CORE_DIST), builtins.__name__)]
