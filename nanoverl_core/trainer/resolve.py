@@ -8,7 +8,6 @@ from typing import Any
 
 from ..algos.rollout_correction import truncated_sampling_warning
 from ..config import Config, component_settings
-from ..batch import RLBatch
 from ..errors import ConfigError, PluginError
 from ..plugins import Registry, install_hint
 from ..reward import RewardScorer
@@ -128,12 +127,12 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
 def check_actor_update(actor: Any, worker: str) -> None:
     """An actor written to 0.1.0's contract (`update(batch, *, on_policy)`, no policy loss) is one line, not a
     TypeError at step 1."""
-    try:
-        inspect.signature(actor.update).bind(RLBatch(), None, on_policy=True)
-    except TypeError:
+    params = inspect.signature(actor.update).parameters.values()
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in positional):
         raise PluginError(f"worker.name = {worker!r}: its actor's update{inspect.signature(actor.update)} takes no "
                           "policy loss; since nanoverl 0.2.0 the trainer calls update(batch, policy_loss, *, "
-                          "on_policy) (nanoverl_core.protocols.Actor, CHANGELOG.md)") from None
+                          "on_policy) (nanoverl_core.protocols.Actor, CHANGELOG.md)")
 
 
 def epoch_schedule(config: Config, make_source) -> dict[str, Any]:
