@@ -9,7 +9,7 @@
 
 With algorithm.filter_groups, steps 1-4 run in rounds until the batch holds data.batch_size groups
 whose scores differ (`generate_until_full`, DAPO's dynamic sampling). An estimator that reads a greedy
-baseline (ReMax) gets one greedy response per prompt of the kept groups, scored (4c, `baseline_rollout`).
+baseline (ReMax) gets one greedy response per prompt of the kept groups, scored (4c, `greedy_baseline` in baseline.py).
 
 Each stage is one named call, timed into ``timing/<stage>``, that returns what it adds to the batch;
 the step assigns it. What the rollout reports (``response_mask``, an episode's ``model_mask``) never
