@@ -204,6 +204,9 @@ class MakeRollout(Protocol):
     Optional attributes:
       * ``check_config``: ``check_config(config) -> None`` raises ConfigError before any model loads,
         as the worker factory's.
+      * ``log_probs``, a field of the rollout's settings (``[rollout.<name>] log_probs``): whether the
+        rollout it builds will return ``rollout_log_probs``; ``--dry-run``'s step plan reads it (the built
+        rollout's ``returns_log_probs`` decides the run's).
     """
 
     def __call__(self, config: Config, workers: Workers) -> Rollout: ...
