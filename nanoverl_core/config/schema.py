@@ -30,6 +30,18 @@ KLEstimator = Literal[KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS
 """An estimator, or one with a "+" suffix: its value with the k2 gradient (straight-through)."""
 
 
+Pack = Literal["auto", True, False]
+"""actor.pack / critic.pack: "auto" (where the model supports it), true (required) or false."""
+
+
+def _structure_pack(value: Any, _: Any) -> bool | str:
+    if value is True or value is False or value == "auto":      # not 1 or 0: a bool is written true / false
+        return value
+    raise TypeError(f'expected true, false or "auto", got {value!r}')
+
+
+converter.register_structure_hook_func(lambda kind: kind == Pack, _structure_pack)
+
 DType = Literal["float32", "bfloat16", "float16"]
 """A parameter dtype (model.dtype, and the plugins' settings that take one)."""
 
@@ -273,6 +285,10 @@ class ActorConfig(OptimConfig):
     that repeats it (the n samples of a prompt): the same log-probs and gradients to float rounding, for
     about half the work at ~40-token prompts and 32-token responses. Off (or, by itself, under gradient
     checkpointing or for a model without a KV cache): every row runs its whole sequence."""
+    pack: Pack = "auto"
+    """Padding-free micro-batches for the update, log-prob and reference passes: rows laid end to end,
+    positions restarting per row, attention kept inside each row (docs/algorithms.md#padding-free-micro-batches).
+    "auto": where the model's attention supports it; true: or exit 2; false: padded rectangles."""
     settings: Any = _settings()
     """The selected policy loss's own settings, written as [actor.<policy_loss>]."""
 
@@ -291,6 +307,8 @@ class CriticConfig(OptimConfig):
     """Instead of micro_batch_size: critic micro-batches of at most this many (padded) tokens; 0 = off."""
     share_prompts: bool = True
     """As actor.share_prompts, for the value passes and the critic update."""
+    pack: Pack = "auto"
+    """As actor.pack, for the value passes and the critic update."""
     cliprange_value: float = attrs.field(default=0.5, validator=at_least(0))
     """Value clipping around the old values (PPO-style)."""
     loss_agg_mode: LossAggMode = "token-mean"
