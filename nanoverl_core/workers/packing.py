@@ -177,7 +177,13 @@ def shared_cost(batch: RLBatch) -> int:
 def packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device) -> bool:
     """Whether packed rows really cannot see each other in `module`: the first row of `batch` laid twice in
     one line gives, in its second copy, the outputs of its padded forward (float32 1e-4, half 5e-2). Both
-    layouts read the same positions, so one line checks either."""
+    layouts read the same positions, so one line checks either. The random streams are left as they were:
+    the check runs at the first packed pass, which a resumed run meets at another step."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        return _packing_agrees(module, batch, device)
+
+
+def _packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device) -> bool:
     row = int(batch["response_mask"].sum(-1).argmax())           # the longest response: the most to compare
     one = batch.index([row])
     packed = pack_rows(batch.index([row, row]), ONE_LINE).to(device)

@@ -220,7 +220,9 @@ class _TorchWorker:
                 return None
         if not self.packing_checked:
             self.packing_checked = True
-            if self.parallel.max(int(not packing_agrees(self.module, batch, self.device))):
+            with self.weights.inference(self.module):          # as a log-prob pass: no adapter dropout
+                agrees = packing_agrees(self.module, batch, self.device)
+            if self.parallel.max(int(not agrees)):
                 key = f"{self.metric_prefix}.pack"
                 if self.section.pack is True:
                     raise ConfigError(f"{key} = true, but {type(self.module).__name__} lets packed rows attend to "
