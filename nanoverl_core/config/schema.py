@@ -253,7 +253,8 @@ class ActorConfig(OptimConfig):
     """Rows per forward/backward (gradient accumulation); 0 = the whole mini-batch."""
     max_tokens_per_micro_batch: int = attrs.field(default=0, validator=at_least(0))
     """Instead of micro_batch_size: rows grouped by length into micro-batches of at most this many
-    (padded) tokens, for the update and the log-prob passes; 0 = off."""
+    tokens (padded: rows x longest; packed, actor.pack: real tokens), for the update and the log-prob
+    passes; 0 = off."""
     clip_ratio_low: float = attrs.field(default=0.2, validator=between(0, 1, high_open=True))
     """PPO ratio clip below 1 (ratio >= 1 - clip_ratio_low)."""
     clip_ratio_high: float = attrs.field(default=0.2, validator=at_least(0))
@@ -304,7 +305,8 @@ class CriticConfig(OptimConfig):
     micro_batch_size: int = attrs.field(default=0, validator=at_least(0))
     """Rows per critic forward/backward; 0 = the whole mini-batch."""
     max_tokens_per_micro_batch: int = attrs.field(default=0, validator=at_least(0))
-    """Instead of micro_batch_size: critic micro-batches of at most this many (padded) tokens; 0 = off."""
+    """Instead of micro_batch_size: critic micro-batches of at most this many tokens (padded, or real when
+    packed); 0 = off."""
     share_prompts: bool = True
     """As actor.share_prompts, for the value passes and the critic update."""
     pack: Pack = "auto"

@@ -12,7 +12,8 @@ Module conventions: ``module(input_ids=, attention_mask=, position_ids=)`` retur
 ``get_output_embeddings()`` is an ``nn.Linear`` gets its response log-probs through that head a chunk
 of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py); a module whose forward takes
 a KV cache runs each distinct prompt of a micro-batch once (``actor.share_prompts``,
-workers/prompt_cache.py). With `model.compute_dtype` set, every module pass runs under its autocast
+workers/prompt_cache.py), or, where that runs fewer tokens, packs the micro-batch's rows end to end
+without padding (``actor.pack``, workers/packing.py). With `model.compute_dtype` set, every module pass runs under its autocast
 (`autocast`); weights, gradients and AdamW state stay in `model.dtype`. With `model.compile`, the parts
 of each block that hold no KV cache run through torch.compile (workers/compile.py).
 
