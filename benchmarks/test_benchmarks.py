@@ -36,6 +36,15 @@ def test_gpu_check_smoke_runs_every_path_on_cpu():
         assert result["response_length_mean"] == 8.0                                # random policy: no early EOS
 
 
+def test_packing_times_packed_against_padded_at_equal_results():
+    (row,) = run("packing.py", "--model", "tiny", "--prompts", "2", "--n", "2", "--min-len", "2", "--max-len", "40",
+                 "--repeats", "1", "--threads", "1")
+    assert 0 < row["padding_fraction"] < 1 and row["real_tokens"] < row["padded_tokens"]
+    assert row["max_log_prob_diff"] < 1e-5 and row["loss_rel_diff"] < 1e-5 and row["grad_norm_rel_diff"] < 1e-5
+    assert set(row["update_s"]) == {"padded", "packed"} and row["update_speedup"] > 0
+    assert row["isa"] and row["gemm_fp32_gflops"] > 0
+
+
 def test_step_breakdown_reports_every_stage_of_ppo_with_critic_and_reference():
     (row,) = run("step_breakdown.py", "--workloads", "hf-tiny-ppo", "--no-sweep", "--steps", "1", "--warmup", "0")
     assert set(row["stage_s"]) >= {"rollout", "reward", "old_log_probs", "ref_log_probs", "values", "advantages",

@@ -212,6 +212,7 @@ NOT_CONTRACTS = {
     "_compiled_call_impl",  # torch: set by nn.Module.compile (model.compile compiles a shared module once)
     "attention_dropout", "bos_token_id", "dtype", "save_pretrained", "get_text_config", "head_dim",
     "max_position_embeddings", "num_key_value_heads", "chat_template", "batch_decode",
+    "_attn_implementation",  # transformers: the attention a config selects (workers/packing.py's layouts)
     # vLLM, MLflow, Reasoning Gym (a task config's validate()) and Python objects
     "ensure_alive", "resources", "processes", "error_code", "_metric_objs", "validate", "strerror", "__module__", "__qualname__",
     "_validators",  # attrs' and_ validator (a list of validators on a field), searched for a declared domain

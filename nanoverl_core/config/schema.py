@@ -30,6 +30,18 @@ KLEstimator = Literal[KL_ESTIMATORS + tuple(f"{name}+" for name in KL_ESTIMATORS
 """An estimator, or one with a "+" suffix: its value with the k2 gradient (straight-through)."""
 
 
+Pack = Literal["auto", True, False]
+"""actor.pack / critic.pack: "auto" (where the model supports it), true (required) or false."""
+
+
+def _structure_pack(value: Any, _: Any) -> bool | str:
+    if value is True or value is False or value == "auto":      # not 1 or 0: a bool is written true / false
+        return value
+    raise TypeError(f'expected true, false or "auto", got {value!r}')
+
+
+converter.register_structure_hook_func(lambda kind: kind == Pack, _structure_pack)
+
 DType = Literal["float32", "bfloat16", "float16"]
 """A parameter dtype (model.dtype, and the plugins' settings that take one)."""
 
@@ -243,7 +255,8 @@ class ActorConfig(OptimConfig):
     """Rows per forward/backward (gradient accumulation); 0 = the whole mini-batch."""
     max_tokens_per_micro_batch: int = attrs.field(default=0, validator=at_least(0))
     """Instead of micro_batch_size: rows grouped by length into micro-batches of at most this many
-    (padded) tokens, for the update and the log-prob passes; 0 = off."""
+    tokens (padded: rows x longest; packed, actor.pack: real tokens), for the update and the log-prob
+    passes; 0 = off."""
     clip_ratio_low: float = attrs.field(default=0.2, validator=between(0, 1, high_open=True))
     """PPO ratio clip below 1 (ratio >= 1 - clip_ratio_low)."""
     clip_ratio_high: float = attrs.field(default=0.2, validator=at_least(0))
@@ -275,6 +288,10 @@ class ActorConfig(OptimConfig):
     that repeats it (the n samples of a prompt): the same log-probs and gradients to float rounding, for
     about half the work at ~40-token prompts and 32-token responses. Off (or, by itself, under gradient
     checkpointing or for a model without a KV cache): every row runs its whole sequence."""
+    pack: Pack = "auto"
+    """Padding-free micro-batches for the update, log-prob and reference passes: rows laid end to end,
+    positions restarting per row, attention kept inside each row (docs/algorithms.md#padding-free-micro-batches).
+    "auto": where the model's attention supports it; true: or exit 2; false: padded rectangles."""
     settings: Any = _settings()
     """The selected policy loss's own settings, written as [actor.<policy_loss>]."""
 
@@ -290,9 +307,12 @@ class CriticConfig(OptimConfig):
     micro_batch_size: int = attrs.field(default=0, validator=at_least(0))
     """Rows per critic forward/backward; 0 = the whole mini-batch."""
     max_tokens_per_micro_batch: int = attrs.field(default=0, validator=at_least(0))
-    """Instead of micro_batch_size: critic micro-batches of at most this many (padded) tokens; 0 = off."""
+    """Instead of micro_batch_size: critic micro-batches of at most this many tokens (padded, or real when
+    packed); 0 = off."""
     share_prompts: bool = True
     """As actor.share_prompts, for the value passes and the critic update."""
+    pack: Pack = "auto"
+    """As actor.pack, for the value passes and the critic update."""
     cliprange_value: float = attrs.field(default=0.5, validator=at_least(0))
     """Value clipping around the old values (PPO-style)."""
     loss_agg_mode: LossAggMode = "token-mean"

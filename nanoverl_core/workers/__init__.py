@@ -9,6 +9,7 @@ strategies: ``parallel`` (``SingleProcess`` here, FSDP in nanoverl-fsdp) and ``w
     ppo.py           TorchActor, TorchCritic, Workers, micro-batches, optimizer steps
     strategies.py    the DataParallel and Weights protocols, SingleProcess and FullWeights
     rows.py          a batch's rows as module inputs, micro-batches under a token budget
+    packing.py       padding-free micro-batches: rows end to end, attention kept inside each row
     prompt_cache.py  each distinct prompt through the model once (training passes, the hf rollout)
     lm_head.py       log-probs through the LM head a chunk of positions at a time
     compile.py       model.compile: torch.compile over the blocks' cache-free parts, its metrics

@@ -18,6 +18,8 @@ only on the model, so every FSDP rank decides alike (each forward is a collectiv
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -41,9 +43,13 @@ class ChunkedHead:
         return cls(head, chunk_size, compiled) if type(head) is torch.nn.Linear else None   # not peft's LoRA head
 
     def __call__(self, module: torch.nn.Module, inputs: dict, labels: torch.Tensor, valid: torch.Tensor,
-                 temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+                 temperature: float, with_entropy: bool, pick: Callable[[torch.Tensor], torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """module(**inputs) with the head replaced; labels, valid: (B, R') response ids and mask.
 
+        pick: the head's input (k, T', H) -> (N, H) at the positions predicting the valid tokens, in the
+        row-major order of `valid`, for packed rows (`PackedRows.pick_valid`); None: the padded layout,
+        whose last R' + 1 positions predict the response.
         Returns (log_probs, entropy or None), each (B, R') float32 and 0 where `valid` is False (only
         valid positions go through the head), or None when this model cannot be served this way.
         """
@@ -54,14 +60,20 @@ class ChunkedHead:
         width = labels.shape[1]
         out: dict = {}
 
+        def padded(hidden: torch.Tensor) -> torch.Tensor | None:
+            if hidden.shape[0] != labels.shape[0] or hidden.shape[1] < width + 1:
+                return None
+            # the head's input at position t predicts token t + 1: the last R' + 1 positions but the last
+            return hidden[:, -width - 1:-1][valid]
+
         def hook(head: torch.nn.Module, args: tuple):
             hidden = args[0] if len(args) == 1 else None       # (B, T', H), T' = R' + 1 with logits_to_keep
             weight = head.weight
-            if out or hidden is None or hidden.dim() != 3 or hidden.shape[0] != labels.shape[0] \
-                    or hidden.shape[1] < width + 1 or hasattr(weight, "full_tensor"):   # a DTensor: sharded here
+            if out or hidden is None or hidden.dim() != 3 or hasattr(weight, "full_tensor"):  # a DTensor: sharded
                 return None
-            # the head's input at position t predicts token t + 1: the last R' + 1 positions but the last
-            picked = hidden[:, -width - 1:-1][valid]                                  # (N, H), N valid tokens
+            picked = (pick or padded)(hidden)                                          # (N, H), N valid tokens
+            if picked is None:
+                return None
             out["scores"] = logprobs_from_hidden(picked, weight, labels[valid], head.bias, temperature=temperature,
                                                  with_entropy=with_entropy, chunk_size=self.chunk_size,
                                                  compiled=self.compiled)

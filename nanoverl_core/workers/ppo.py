@@ -12,7 +12,8 @@ Module conventions: ``module(input_ids=, attention_mask=, position_ids=)`` retur
 ``get_output_embeddings()`` is an ``nn.Linear`` gets its response log-probs through that head a chunk
 of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py); a module whose forward takes
 a KV cache runs each distinct prompt of a micro-batch once (``actor.share_prompts``,
-workers/prompt_cache.py). With `model.compute_dtype` set, every module pass runs under its autocast
+workers/prompt_cache.py), or, where that runs fewer tokens, packs the micro-batch's rows end to end
+without padding (``actor.pack``, workers/packing.py). With `model.compute_dtype` set, every module pass runs under its autocast
 (`autocast`); weights, gradients and AdamW state stay in `model.dtype`. With `model.compile`, the parts
 of each block that hold no KV cache run through torch.compile (workers/compile.py).
 
@@ -42,6 +43,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..protocols import Actor, Critic, PolicyLoss, Workers  # noqa: F401 (Workers: re-exported)
 from .compile import compile_blocks
 from .lm_head import ChunkedHead
+from .packing import PackedRows, pack_rows, packed_cost, packing_agrees, packing_for, shared_cost
 from .precision import cpu_has_fast
 from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
 from .rows import model_inputs, token_budget_groups
@@ -128,6 +130,9 @@ class _TorchWorker:
         self.cache_keyword = cache_keyword(module) if section.share_prompts else None
         """Set: each distinct prompt of a micro-batch runs once (`module_inputs`); None: every row runs whole."""
         self.prompts_checked = False
+        self.packing = packing_for(module, section.pack, f"{self.metric_prefix}.pack")
+        """The layout a micro-batch is packed in (workers/packing.py), or None: every pass runs padded."""
+        self.packing_checked = False
         if self.device.type == "cpu" and autocast_dtype(config.model):
             _warn_slow_compute_dtype(autocast_dtype(config.model))
         if config.model.compile:
@@ -180,10 +185,7 @@ class _TorchWorker:
         keep = {"logits_to_keep": width + 1} if keep_logits else {}
         plain = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **keep}
         split = ids.shape[1] - width - 1                 # prompt columns that go into the cache
-        training = torch.is_grad_enabled() and self.module.training
-        plain_backward = training and (not self.parallel.cached_backward or checkpointed(self.module))
-        # under FSDP every rank must run as many forwards: one rank's one-token prompts make all run plain
-        if self.cache_keyword is None or plain_backward or self.parallel.max(int(split < 1)):
+        if not self._shares_prompts(split):
             return plain, width
         if not self.prompts_checked:
             self.prompts_checked = True
@@ -191,6 +193,40 @@ class _TorchWorker:
                 self.cache_keyword = None
                 return plain, width
         return self._continue_from_prompts(ids, mask, pos, split, keep), width
+
+    def _shares_prompts(self, split: int) -> bool:
+        """Whether a pass whose prompts put `split` columns into the cache runs through the shared prompt cache."""
+        training = torch.is_grad_enabled() and self.module.training
+        plain_backward = training and (not self.parallel.cached_backward or checkpointed(self.module))
+        # under FSDP every rank must run as many forwards: one rank's one-token prompts make all run plain
+        return not (self.cache_keyword is None or plain_backward or self.parallel.max(int(split < 1)))
+
+    def packed_rows(self, batch: RLBatch) -> PackedRows | None:
+        """`batch` packed on the device (workers/packing.py), or None: it runs padded (`module_inputs`), as when
+        packing is off, or through the shared prompt cache, where that runs fewer tokens (on all ranks summed:
+        every rank takes the same path, as many forwards). Before the first packed pass, `packing_agrees`."""
+        if self.packing is None:
+            return None
+        ids, _, _, width = model_inputs(batch)
+        if self._shares_prompts(ids.shape[1] - width - 1):
+            packed, shared = self.parallel.sum(torch.tensor([packed_cost(batch, self.packing), shared_cost(batch)],
+                                                            dtype=torch.float64)).tolist()
+            if shared < packed:
+                return None
+        if not self.packing_checked:
+            self.packing_checked = True
+            with self.weights.inference(self.module):          # as a log-prob pass: no adapter dropout
+                agrees = packing_agrees(self.module, batch, self.device)
+            if self.parallel.max(int(not agrees)):
+                key = f"{self.metric_prefix}.pack"
+                if self.section.pack is True:
+                    raise ConfigError(f"{key} = true, but {type(self.module).__name__} lets packed rows attend to "
+                                      f"each other (its attention ignores position_ids); set {key} = \"auto\" or false")
+                print(f"warning: {type(self.module).__name__}: packed rows attend to each other (its attention "
+                      f"ignores position_ids); {key} is off for this run", file=sys.stderr)
+                self.packing = None
+                return None
+        return pack_rows(batch, self.packing).to(self.device)
 
     def _continue_from_prompts(self, ids, mask, pos, split: int, keep: dict) -> dict[str, Any] | None:
         """The arguments that continue every row from the cache of its first `split` columns (each distinct
@@ -225,7 +261,8 @@ class _TorchWorker:
             size = rows or len(batch)
             return [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
         groups = token_budget_groups(batch["prompt_mask"].sum(-1).tolist(), batch["response_mask"].sum(-1).tolist(),
-                                     budget, f"{self.metric_prefix}.max_tokens_per_micro_batch")
+                                     budget, f"{self.metric_prefix}.max_tokens_per_micro_batch",
+                                     packed=self.packing is not None)
         target = self.parallel.max(len(groups))
         while len(groups) < target:  # split the largest group: still within the budget, still non-empty
             largest = max(range(len(groups)), key=lambda g: len(groups[g]))
@@ -315,24 +352,36 @@ class TorchActor(_TorchWorker):
         """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy.
         The module runs under `model.compute_dtype` (autocast); log-softmax and entropy take float32 logits."""
         with self.autocast():
-            inputs, width = self.module_inputs(batch, keep_logits=self.keeps_logits)
-            responses = inputs["input_ids"][:, -width:]                           # (B, R')
+            inputs, width, packed = self._inputs(batch)
+            responses = batch["responses"][:, :width].to(self.device)             # (B, R')
+            valid = batch["response_mask"][:, :width].to(self.device).bool()
             scores = None
             if self.chunked_head is not None:     # its float32 log-softmax runs inside the module's forward
-                valid = batch["response_mask"][:, :width].to(self.device).bool()
-                scores = self.chunked_head(self.module, inputs, responses, valid, self.temperature, with_entropy)
+                pick = functools.partial(packed.pick_valid, kept=self.keeps_logits) if packed else None
+                scores = self.chunked_head(self.module, inputs, responses, valid, self.temperature, with_entropy,
+                                           pick=pick)
                 if scores is None:
                     self.chunked_head = None      # this model's head cannot be split off: full logits from now on
-            logits = self._logits(inputs, width) if scores is None else None
+            logits = self._logits(inputs, width, packed) if scores is None else None
         if scores is None:
             scores = logprobs_from_logits(logits, responses), (entropy_from_logits(logits) if with_entropy else None)
+            if packed is not None:                # padding positions of packed rows hold another token's scores
+                scores = tuple(x.masked_fill(~valid, 0) if x is not None else None for x in scores)
         log_probs, entropy = scores
         full = batch["responses"].shape[1]
         return _pad_right(log_probs, full), (_pad_right(entropy, full) if entropy is not None else None)
 
-    def _logits(self, inputs: dict, width: int) -> torch.Tensor:
+    def _inputs(self, batch: RLBatch) -> tuple[dict, int, PackedRows | None]:
+        """The module's keyword arguments for `batch`, R', and the packed rows they hold (None: padded)."""
+        packed = self.packed_rows(batch)
+        if packed is not None:
+            return packed.inputs(self.keeps_logits), packed.width, packed
+        return *self.module_inputs(batch, keep_logits=self.keeps_logits), None
+
+    def _logits(self, inputs: dict, width: int, packed: PackedRows | None = None) -> torch.Tensor:
         """(B, R', V) float32 logits predicting each response token, at the rollout temperature."""
-        logits = self.module(**inputs).logits[:, -width - 1:-1].float()
+        out = self.module(**inputs).logits
+        logits = (packed.pick(out, "logits_to_keep" in inputs) if packed else out[:, -width - 1:-1]).float()
         return logits / self.temperature if self.temperature != 1.0 else logits
 
     def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
@@ -344,9 +393,9 @@ class TorchActor(_TorchWorker):
         position, zero on padding, from one pass over the full logits (the optimal token baseline's inputs)."""
         def both(mb: RLBatch) -> torch.Tensor:
             with self.autocast():
-                inputs, width = self.module_inputs(mb, keep_logits=self.keeps_logits)
-                logits = self._logits(inputs, width)
-            pair = torch.stack([logprobs_from_logits(logits, inputs["input_ids"][:, -width:]),
+                inputs, width, packed = self._inputs(mb)
+                logits = self._logits(inputs, width, packed)
+            pair = torch.stack([logprobs_from_logits(logits, mb["responses"][:, :width].to(self.device)),
                                 sum_pi_squared_from_logits(logits)], dim=-1)                  # (b, R', 2)
             return torch.nn.functional.pad(pair, (0, 0, 0, mb["responses"].shape[1] - width))
         out = self.per_row(batch, both, extra=(2,))
@@ -439,9 +488,14 @@ class TorchCritic(_TorchWorker):
 
     def forward(self, batch: RLBatch) -> torch.Tensor:
         with self.autocast():
-            inputs, width = self.module_inputs(batch)
-            values = self.module(**inputs).logits[..., 0].float()
-        return _pad_right(values[:, -width - 1:-1], batch["responses"].shape[1])
+            packed = self.packed_rows(batch)
+            if packed is not None:                # (k, W) -> each response token's state; 0 on padding
+                values = packed.pick(self.module(**packed.inputs(keep_logits=False)).logits[..., 0].float())
+                values = values.masked_fill(~packed.valid, 0)
+            else:
+                inputs, width = self.module_inputs(batch)
+                values = self.module(**inputs).logits[..., 0].float()[:, -width - 1:-1]
+        return _pad_right(values, batch["responses"].shape[1])
 
     def compute_values(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) value estimates, zero on padding."""

@@ -28,9 +28,10 @@ def model_inputs(batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def token_budget_groups(prompt_lengths: list[int], response_lengths: list[int], max_tokens: int,
-                        key: str) -> list[list[int]]:
+                        key: str, packed: bool = False) -> list[list[int]]:
     """Rows grouped so that each group's padded size, rows x (longest prompt + longest response), is at
     most max_tokens: rows sorted by length (longest first, ties in row order) and packed greedily.
+    packed: the group's real tokens count instead (its rows laid end to end, workers/packing.py).
 
     A micro-batch is trimmed to its own longest prompt and response (`model_inputs`), so grouping
     rows of similar length wastes little on padding. A row longer than the budget is a ConfigError
@@ -46,8 +47,10 @@ def token_budget_groups(prompt_lengths: list[int], response_lengths: list[int], 
     for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         group = groups[-1] if groups else None
         if group is not None:
-            width = max(prompt_lengths[i] for i in group + [row]) + max(response_lengths[i] for i in group + [row])
-            if (len(group) + 1) * width <= max_tokens:
+            members = group + [row]
+            width = max(prompt_lengths[i] for i in members) + max(response_lengths[i] for i in members)
+            size = sum(lengths[i] for i in members) if packed else len(members) * width
+            if size <= max_tokens:
                 group.append(row)
                 continue
         groups.append([row])

@@ -49,6 +49,32 @@ def test_two_ranks_give_the_single_process_log_probs_values_metrics_and_paramete
         assert moved > 1e-2                                         # the update changed the weights
 
 
+def test_packed_on_two_ranks_gives_the_padded_single_process_update(results, tiny_model, tmp_path):
+    """The ranks pack their micro-batches (actor.pack = "auto": the tiny sdpa Llama packs), by rows and by a
+    token budget of real tokens; one process runs padded rectangles: the same log-probs, values, metrics
+    and optimizer steps, to the ATOL of two padded ranks."""
+    _, fsdp, _ = results
+    assert fsdp["packing"] == ["lines", "lines"]
+    padded = ("actor.pack=false", "critic.pack=false")
+    torch.manual_seed(0)
+    hf = update_driver.run("hf", tiny_model, replay=fsdp, extra=padded)
+    assert hf["packing"] == [None, None]
+    assert_same_update(hf, fsdp, ATOL)
+    budget = ["actor.micro_batch_size=0", "actor.max_tokens_per_micro_batch=20",
+              "critic.micro_batch_size=0", "critic.max_tokens_per_micro_batch=14"]
+    run(torchrun(2, str(HERE / "update_driver.py"), "--worker", "fsdp", "--model", str(tiny_model),
+                 "--out", str(tmp_path / "budget.pt"), "--", *budget), timeout=150)
+    fsdp = torch.load(tmp_path / "budget.pt")
+    torch.manual_seed(0)
+    hf = update_driver.run("hf", tiny_model, replay=fsdp, extra=padded)
+    for key in ("log_probs", "ref_log_probs", "values"):
+        torch.testing.assert_close(fsdp[key], hf[key], atol=ATOL, rtol=0, msg=key)
+    for key in ("critic_metrics", "actor_metrics"):
+        for name, want in hf[key].items():
+            assert fsdp[key][name] == pytest.approx(want, abs=ATOL, rel=1e-5), (key, name)
+    assert_same_steps(hf, fsdp, ATOL)
+
+
 def test_a_token_budget_on_two_ranks_gives_the_single_process_fixed_split_update(results, tiny_model, tmp_path):
     """max_tokens_per_micro_batch under FSDP: each rank groups its rows by length, every rank runs the
     largest group count (a pass is a collective), and the update equals one process's fixed split."""

@@ -46,7 +46,7 @@ def test_log_probs_entropy_gradients_and_an_update_equal_the_plain_pass(tiny_dir
     for plain in (True, False):
         cfg = make_config(tiny_dir, "actor.lr=1e-2", "actor.entropy_coeff=0.1", "rollout.temperature=0.7",
                           f"rollout.n={N}", "data.batch_size=3", f"actor.logits_chunk_size={chunk}",
-                          *(PLAIN if plain else []))
+                          "actor.pack=false", *(PLAIN if plain else []))
         workers = make_workers(cfg)
         actor, batch = workers.actor, grpo_batch(workers.tokenizer)
         assert (actor.cache_keyword is None) == plain
@@ -101,7 +101,8 @@ def test_values_and_the_critic_update_equal_the_plain_pass(tiny_dir, make_config
 
 
 def test_gradient_checkpointing_trains_plain_and_still_shares_no_grad_passes(tiny_dir, make_config):
-    cfg = make_config(tiny_dir, "model.gradient_checkpointing=true", f"rollout.n={N}", "data.batch_size=3")
+    cfg = make_config(tiny_dir, "model.gradient_checkpointing=true", f"rollout.n={N}", "data.batch_size=3",
+                      "actor.pack=false")
     workers = make_workers(cfg)
     actor, batch = workers.actor, grpo_batch(workers.tokenizer)
     batch["old_log_probs"] = actor.compute_log_probs(batch)      # no grad: through the cache
