@@ -36,16 +36,20 @@ def _num(x: float) -> str:
 class Number:
     """An int or float key's domain: finite, and within [low, high] (each bound optional, open or closed).
 
-    With `optional`, None is allowed too (a key whose absence means "off")."""
+    With `optional`, None is allowed too (a key whose absence means "off"); with `multiple`, only the
+    multiples of it (a hidden size its head count divides)."""
 
     low: float | None = None
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
     optional: bool = False
+    multiple: int | None = None
 
     def contains(self, value: float) -> bool:
         if not math.isfinite(value):
+            return False
+        if self.multiple and value % self.multiple:
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
@@ -68,7 +72,8 @@ class Number:
             bounds = f" {'<' if self.high_open else '<='} {_num(self.high)}"
         else:
             bounds = ""
-        return kind + bounds + (" (or unset)" if self.optional else "")
+        multiple = f", a multiple of {self.multiple}" if self.multiple else ""
+        return kind + bounds + multiple + (" (or unset)" if self.optional else "")
 
     __str__ = describe
 

@@ -23,7 +23,7 @@ from ..dist import is_rank0
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
 from .checkpoint import find_checkpoint, reading_checkpoint
-from .resolve import build_rollout, prompt_tools, resolve_plugins
+from .resolve import build_rollout, build_workers, prompt_tools, resolve_plugins
 from .validation import eval_decodings
 
 
@@ -43,7 +43,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
     torch.manual_seed(config.trainer.seed)
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
-    workers = plugins["worker"](config)
+    workers = build_workers(plugins, config)
     rollout = build_rollout(plugins, config, workers)
     try:
         if ckpt is not None:
