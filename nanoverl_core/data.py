@@ -12,6 +12,7 @@ its epoch and continues at exactly the next prompt.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import sys
 import threading
@@ -50,6 +51,12 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in files:
         path = Path(name)
+        try:
+            path.stat()
+        except OSError as exc:  # missing, or a name the OS refuses (too long)
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise DataError(f"{key}: data file {name[:80]!r}... cannot be opened ({exc.strerror}); fix the "
+                                "path") from None
         if not path.is_file():
             if path.is_dir():
                 raise DataError(f"{key}: {name} is a folder, not a data file; name the jsonl / json / parquet "

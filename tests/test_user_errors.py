@@ -150,10 +150,10 @@ def test_a_config_file_in_latin_1_names_the_file_and_line(tmp_path):
     refused(tmp_path, ["--config", str(cfg), "--dry-run"], str(cfg), "line 3 is not UTF-8", "save the file as UTF-8")
 
 
-def test_a_validation_file_that_cannot_be_read_fails_the_dry_run(tmp_path):
+def test_a_validation_file_that_cannot_be_read_names_its_key(tmp_path):
     data = tmp_path / "val.jsonl"
     data.write_bytes(b'{"prompt": "1\xff"}\n')
-    refused(tmp_path, dry(tmp_path, f"data.val_files=[{data}]"), "data.val_files", "val.jsonl", "not UTF-8")
+    refused(tmp_path, train(tmp_path, f"data.val_files=[{data}]"), "data.val_files", "val.jsonl", "not UTF-8")
 
 
 # ---- 6. errors from inside a library ----------------------------------------------------------------

@@ -148,7 +148,8 @@ class PathKind:
             elif path is not None and self.kind == "folder":  # made when missing: it must be makeable
                 problem = unwritable(path)
                 if problem:
-                    raise OutOfDomain(attribute.name, f"{one!r} cannot be created: {problem}")
+                    raise OutOfDomain(attribute.name, f"{one!r} cannot be created: {problem}; name a folder you "
+                                                      "can write to")
 
     def check(self, name: str, value: str, path: Path) -> None:
         what = "a folder" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"

@@ -172,8 +172,6 @@ def epoch_schedule(config: Config, make_source) -> dict[str, Any]:
     counts them after data.max_prompt_length, and for a generated source the validation prompts, drop some)."""
     source = make_source(config)
     rows = sum(1 for _ in source.rows("train", 0))
-    if config.data.source == "files" and config.data.val_files:
-        source.rows("val", 0)                           # a validation file that cannot be read, as the run reads it
     per_epoch = rows // config.data.batch_size
     if per_epoch == 0:                                  # the run's sampler refuses this too, before its first step
         raise DataError(f"data.batch_size = {config.data.batch_size} but the training data has only {rows} prompts; "
