@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import errno
 import json
 import os
@@ -33,12 +34,23 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message}; run `{self.prog} --help` for usage")
 
 
+class _Once(argparse.Action):
+    """An option that may be given once: a second `--config` is refused (argparse would keep the last
+    silently; merging two files is what overrides are for)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} is given twice ({getattr(namespace, self.dest)} and {values}); give one "
+                         "file, and put what the other changes as section.key=value overrides after it")
+        setattr(namespace, self.dest, values)
+
+
 def _train_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nanoverl-train", description="Train a language model with RL (PPO, GRPO and relatives).",
                 epilog="Other commands: `nanoverl-train plugins [--json]` lists installed plugins; "
                        "`nanoverl-train eval --config FILE [--checkpoint DIR]` evaluates a model; "
                        "`nanoverl-train export RUN_DIR_OR_CHECKPOINT OUT_DIR` writes a save_pretrained folder.")
-    p.add_argument("--config", help=CONFIG_HELP)
+    p.add_argument("--config", action=_Once, help=CONFIG_HELP)
     p.add_argument("--dry-run", action="store_true",
                    help="validate the config, resolve every plugin name, print the resolved config; load no model")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
@@ -87,14 +99,14 @@ def cmd_train(argv: list[str]) -> int:
 def cmd_eval(argv: list[str]) -> int:
     p = _Parser(prog="nanoverl-train eval", description="Evaluate the base model or a checkpoint on the config's "
                 "validation data with its rollout (greedy, and sampled with rollout.val_n samples); writes nothing to the run.")
-    p.add_argument("--config", help=CONFIG_HELP)
-    p.add_argument("--checkpoint", type=Path, help="a checkpoints/step_<N> folder (step_400 finds step_000400, also "
+    p.add_argument("--config", action=_Once, help=CONFIG_HELP)
+    p.add_argument("--checkpoint", type=Path, action=_Once, help="a checkpoints/step_<N> folder (step_400 finds step_000400, also "
                    "in trainer.output_dir's checkpoints) or a run directory (its newest)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--samples", type=Path, metavar="FILE.jsonl", help="also write every scored sample (decoding, "
+    p.add_argument("--samples", type=Path, action=_Once, metavar="FILE.jsonl", help="also write every scored sample (decoding, "
                    "prompt, response, score, the data row with its ground truth) to this jsonl file")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # flags and overrides in any order
     registry = load_registry()
     config = load_config(args.config, args.overrides, registry=registry, training=False)  # no training data needed
     from .trainer.commands import run_eval
@@ -143,12 +155,27 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
         _default(message, category, filename, lineno, file, line)
 
 
+def check_command(word: str) -> None:
+    """A first argument that is neither an option, an override nor a command: a misspelt command
+    (`evl`) gets the closest one, a config file named without --config gets that hint."""
+    if word.startswith("-") or "=" in word or word in COMMANDS:
+        return
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+    hint = (f"did you mean `nanoverl-train {close[0]}`?" if close else
+            f"a config file goes after --config (`nanoverl-train --config {word}`)" if Path(word).suffix else
+            "an override looks like section.key=value")
+    raise UserError(f"unknown command {word!r}; {hint} (the commands: {', '.join(COMMANDS)}; "
+                    "without one, nanoverl-train trains)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warnings.showwarning = _show_warning
     try:
         if argv[:1] and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
+        if argv:
+            check_command(argv[0])
         return cmd_train(argv)
     except UserError as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held

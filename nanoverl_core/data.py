@@ -12,6 +12,8 @@ its epoch and continues at exactly the next prompt.
 from __future__ import annotations
 
 import copy
+import errno
+import json
 import sys
 import threading
 from collections.abc import Callable
@@ -49,6 +51,12 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in files:
         path = Path(name)
+        try:
+            path.stat()
+        except OSError as exc:  # missing, or a name the OS refuses (too long)
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise DataError(f"{key}: data file {name[:80]!r}... cannot be opened ({exc.strerror}); fix the "
+                                "path") from None
         if not path.is_file():
             if path.is_dir():
                 raise DataError(f"{key}: {name} is a folder, not a data file; name the jsonl / json / parquet "
@@ -59,16 +67,55 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
             raise DataError(f"{key}: data file {name} must end in .jsonl, .json or .parquet")
         if path.stat().st_size == 0:  # `datasets` reports an empty file as a bare StopIteration
             raise DataError(f"{key}: data file {name} has no rows")
+        check_file_format(path, key)
         try:
             ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
+            if len(ds) == 0:
+                raise DataError(f"{key}: data file {name} has no rows")
+            rows.extend({"__file__": name, "__row__": i, **row} for i, row in enumerate(ds))
+        except DataError:
+            raise
         except Exception as exc:  # datasets raises many types for malformed files
             detail = " ".join(str(exc).split())[:300]
             raise DataError(f"{key}: data file {name} cannot be read ({type(exc).__name__}: {detail}); "
                             "fix or regenerate the file") from None
-        if len(ds) == 0:
-            raise DataError(f"{key}: data file {name} has no rows")
-        rows.extend({"__file__": name, "__row__": i, **row} for i, row in enumerate(ds))
     return rows
+
+
+def check_file_format(path: Path, key: str) -> None:
+    """The file is what its suffix says, before `datasets` reads it: a .parquet file starts and ends with
+    parquet's magic bytes; a .jsonl / .json file is UTF-8 text, without NUL bytes, and (.jsonl) a JSON
+    object on every non-blank line. The error names the file, the line and what was expected."""
+    if path.suffix == ".parquet":
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(max(path.stat().st_size - 4, 0))
+            tail = f.read(4)
+        if head != b"PAR1" or tail != b"PAR1":
+            raise DataError(f"{key}: data file {path} is not a parquet file (it does not start and end with "
+                            "parquet's PAR1 bytes); name it for what it holds (.jsonl, .json) or regenerate it")
+        return
+    data = path.read_bytes()
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        where = f"{key}: data file {path} cannot be read: line {number}"
+        if b"\0" in line:
+            column = line.index(b"\0") + 1
+            raise DataError(f"{where} holds a NUL byte (column {column}); a {path.suffix} file is "
+                            "UTF-8 text: remove it (a NUL inside a string is written \\u0000)")
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{where} is not UTF-8 (byte {line[exc.start]:#04x} at column {exc.start + 1}); "
+                            "convert the file to UTF-8 (iconv -f latin1 -t utf-8, say)") from None
+        if path.suffix == ".jsonl" and text.strip():
+            try:
+                row = json.loads(text)
+            except ValueError as exc:
+                raise DataError(f"{where} is not JSON ({' '.join(str(exc).split())[:120]}); each line of a .jsonl "
+                                "file holds one JSON object") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{where} holds a {type(row).__name__}, not a JSON object (a row of named "
+                                "columns)") from None
 
 
 def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer, tools: list | None = None) -> str:
@@ -88,10 +135,18 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer, tools: list |
             raise DataError(f"{where}: {cfg.prompt_key!r} is a chat (a list of messages) but the tokenizer has no "
                             "chat template; use a model whose tokenizer has one, or set data.apply_chat_template "
                             "= false to join the messages' contents with newlines")
-        if tools:
-            from .env.tools import with_tools
-            return with_tools(prompt, tokenizer, tools)
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        try:
+            if tools:
+                from .env.tools import with_tools
+                return with_tools(prompt, tokenizer, tools)
+            return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        except DataError:
+            raise
+        except Exception as exc:  # the template's own raise_exception (jinja's TemplateError), or a bad message
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            raise DataError(f"{where}: the tokenizer's chat template refuses the messages of {cfg.prompt_key!r} "
+                            f"({detail}); fix the row's messages (roles, their order), use a model.tokenizer_path "
+                            "whose template takes them, or set data.apply_chat_template = false") from None
     if prompt is None:
         raise DataError(f"{where} has no {cfg.prompt_key!r} column; set data.prompt_key to the prompt column "
                         f"(this row has {', '.join(k for k in row if not k.startswith('__'))})")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,8 @@ class Registry:
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         self.plugins: list[PluginInfo] = []
+        self.excluded: dict[str, str] = {}
+        """Installed plugins the plugin variables leave out: distribution -> the variable."""
         self._loaded: dict[tuple[str, str], Any] = {}
 
     def add(self, kind: str, name: str, obj: Any, provider: str, description: str = "", settings: Any = None) -> None:
@@ -142,7 +145,13 @@ class Registry:
         if close:
             msg += f"; did you mean {close[0]!r}?"
         extra = FIRST_PARTY.get((kind, name))
-        if extra:
+        dist = f"nanoverl-{extra.partition('[')[0]}" if extra else ""
+        variable = self.excluded.get("nanoverl-hf" if extra == "lora" else dist)
+        if variable:  # installed, but the plugin variables leave it out: pip cannot help
+            msg += (f"; it is provided by {dist}, which is installed but left out by {variable}="
+                    f"{os.environ.get(variable, '')!r}; {'add it to' if variable.endswith('LOAD_PLUGINS') else 'remove it from'} "
+                    f"{variable}")
+        elif extra:
             msg += f"; it is provided by nanoverl-{extra}: {install_hint(extra)}"
         raise PluginError(msg)
 
@@ -203,6 +212,33 @@ def _env_list(name: str) -> set[str] | None:
     return None if value is None else {v.strip() for v in value.split(",") if v.strip()}
 
 
+def _check_plugin_variables(only: set[str] | None, blocked: set[str], installed: list[str]) -> None:
+    """NANOVERL_LOAD_PLUGINS naming a plugin that is not installed is one line (the run would miss its
+    names); NANOVERL_DISABLE_PLUGINS naming one is a warning (there is nothing to block). Both name the
+    variable, the entry and the closest installed plugin."""
+    for variable, names in (("NANOVERL_LOAD_PLUGINS", only or set()), ("NANOVERL_DISABLE_PLUGINS", blocked)):
+        for name in sorted(set(names) - set(installed) - {CORE_DIST}):
+            close = difflib.get_close_matches(name, installed, n=1, cutoff=0.6)
+            text = (f"{variable} names {name!r}, which is no installed plugin (a distribution name, as "
+                    f"`nanoverl-train plugins` lists them: {', '.join(installed) or 'none installed'})"
+                    + (f"; did you mean {close[0]!r}?" if close else ""))
+            if variable == "NANOVERL_LOAD_PLUGINS":
+                raise PluginError(f"{text}; fix the entry or unset {variable}")
+            print(f"warning: {text}", file=sys.stderr)
+
+
+def excluded_plugins() -> dict[str, str]:
+    """Installed plugins that NANOVERL_LOAD_PLUGINS or NANOVERL_DISABLE_PLUGINS leaves out: dist -> the variable."""
+    only, blocked = _env_list("NANOVERL_LOAD_PLUGINS"), _env_list("NANOVERL_DISABLE_PLUGINS") or set()
+    out = {}
+    for ep in entry_points(group=PROJECT):
+        if ep.name in blocked:
+            out[ep.name] = "NANOVERL_DISABLE_PLUGINS"
+        elif only is not None and ep.name not in only:
+            out[ep.name] = "NANOVERL_LOAD_PLUGINS"
+    return out
+
+
 BUILTINS = "nanoverl_core.builtins.plugin"
 """The core's own plugin module: the debug backends, gae, the built-in losses, rewards and trackers."""
 
@@ -217,6 +253,8 @@ def make_plugin_manager() -> tuple[pluggy.PluginManager, list[PluginInfo]]:
     infos = [PluginInfo(CORE_DIST, _version(CORE_DIST), builtins.__name__)]
     pm.register(builtins, name=CORE_DIST)
     only, blocked = _env_list("NANOVERL_LOAD_PLUGINS"), _env_list("NANOVERL_DISABLE_PLUGINS") or set()
+    installed = sorted({ep.name for ep in entry_points(group=PROJECT)})
+    _check_plugin_variables(only, blocked, installed)
     seen: set[str] = set()
     for ep in sorted(entry_points(group=PROJECT), key=lambda e: e.name):
         if ep.name in seen or ep.name in blocked or (only is not None and ep.name not in only):
@@ -242,6 +280,7 @@ def load_registry() -> Registry:
     pm, infos = make_plugin_manager()
     registry = Registry()
     registry.plugins = infos
+    registry.excluded = excluded_plugins()
     by_dist = {info.dist: info for info in infos}
     for hook_name, kind in HOOKS.items():
         for impl in getattr(pm.hook, hook_name).get_hookimpls():

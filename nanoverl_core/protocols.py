@@ -64,9 +64,27 @@ class Actor(Protocol):
     def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) log pi(response token) at the rollout temperature, 0 on padding, on the CPU, no grad."""
 
-    def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False) -> dict[str, float]:
+    def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False,
+               keep_log_probs: bool = False) -> dict[str, float]:
         """PPO epochs over the batch; returns the step's metrics (``actor/<name>`` -> float), equal however
         the work is split into micro-batches or ranks (nanoverl_core.algos.losses says how).
+
+        The normalisers. Each `PolicyLossInputs` carries the *mini-batch's* ``num_tokens`` (the sum of
+        ``loss_mask`` over every row of the mini-batch, on every rank), ``num_seqs`` (its rows with at least
+        one loss token) and ``loss_scale_factor`` (``actor.loss_scale_factor``, or rollout.max_new_tokens
+        when that is 0); a micro-batch's loss is its share of the mini-batch loss (``inputs.aggregate``
+        divides its sums by them), so backpropagating every micro-batch's loss and stepping once gives the
+        gradient of one whole-mini-batch pass. Do not divide again by the number of micro-batches or ranks
+        (under data parallelism, sum the gradients across ranks: the normalisers are already global).
+
+        ``keep_log_probs``: passed (true) only with ``on_policy=True``, when rollout correction takes its
+        metrics from the update's forward; keep that forward's (B, R) log-probs as ``update_log_probs``
+        (see Optional attributes). An actor without ``update_log_probs`` accepts the keyword and ignores it.
+
+        Non-finite values: a loss or gradient norm that is NaN or inf must not reach the weights. Zero the
+        gradients, do not step the optimizer (nor the LR schedule), and raise
+        `nanoverl_core.errors.NonFiniteError` saying which; the trainer then stops or skips the update as
+        ``trainer.on_nonfinite`` says (the built-in workers do this in ``clip_and_step``).
 
         The trainer calls ``actor.update(batch, policy_loss, on_policy=...)``. The batch holds
         ``responses``, ``response_mask`` (the tokens in the sequence), ``loss_mask`` (the tokens the loss,
@@ -161,15 +179,39 @@ class Tracker(Protocol):
     def close(self, success: bool) -> None: ...
 
 
+TOKENIZER_CONTRACT = {"encode": "encode(text, add_special_tokens=...) -> list[int]",
+                      "decode": "decode(ids, skip_special_tokens=True) -> str",
+                      "pad_token_id": "int", "eos_token_id": "int",
+                      "batch_decode": "optional: batch_decode(rows, skip_special_tokens=True) -> list[str]",
+                      "chat_template": "optional: str | None",
+                      "apply_chat_template": "with chat_template: (messages, tokenize=False, add_generation_prompt=True) -> str",
+                      "vocab_size": "optional: int (the debug worker)"}
+"""Every attribute of `Workers.tokenizer` the core reads, and what it must be (tests/test_backend_contracts.py
+greps the core for `tokenizer.<name>` and checks this list covers it)."""
+
+
 @attrs.define
 class Workers:
     """What `make_workers(config)` returns: build it as ``Workers(tokenizer, actor, reference=None,
-    critic=None)`` (``from nanoverl_core import Workers``). The trainer owns it for the run: it calls the
-    actor, reference and critic from its own process and thread, and never closes them; a backend that
-    starts processes of its own (engines, ranks) ends them with the interpreter."""
+    critic=None)`` (``from nanoverl_core import Workers``, the class defined here), inside the factory
+    registered with `register_workers` (`MakeWorkers`); the trainer calls the factory once, after the run
+    directory's config.json is written and before the data loads, and hands the object to the rollout
+    factory (`MakeRollout`) and to every step. The trainer owns it for the run: it calls the actor,
+    reference and critic from its own process and thread, and never closes them; a backend that starts
+    processes of its own (engines, ranks) owns them and ends them with the interpreter (daemon processes or
+    an atexit handler). The factory may raise a UserError (ConfigError) for a config it cannot build; a
+    ValueError or RuntimeError from building the model is reported as one line naming worker.name."""
 
     tokenizer: Any
-    """Hugging Face-like: encode(text), decode(ids, skip_special_tokens=True), pad_token_id, eos_token_id."""
+    """What the core reads off it (a Hugging Face tokenizer has all of it; `TOKENIZER_CONTRACT` lists it):
+    ``encode(text, add_special_tokens=...) -> list[int]`` (the core passes add_special_tokens=False for a
+    prompt rendered by a chat template; raise `DataError` or any exception for text it cannot encode: the
+    core names the file and row); ``decode(ids, skip_special_tokens=True) -> str``; ``pad_token_id: int``
+    and ``eos_token_id: int`` (a None pad is padded with EOS by the hf worker, not by the core). Optional:
+    ``batch_decode(rows, skip_special_tokens=True) -> list[str]`` (else decode row by row);
+    ``chat_template: str | None`` and, when it is set, ``apply_chat_template(messages, tokenize=False,
+    add_generation_prompt=True) -> str`` (chat-format prompts; without a template they are an error unless
+    data.apply_chat_template = false); ``vocab_size: int`` (the debug worker's model size)."""
     actor: Actor
     """The policy being trained."""
     reference: Actor | None = None

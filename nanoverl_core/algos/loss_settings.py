@@ -7,10 +7,12 @@ GMPO, DPPO), otherwise verl's config defaults. The token ratio r = pi / pi_old; 
 
 import attrs
 
-from ..config import above, at_least, finite
+from ..config import above, at_least, between, finite
+from ..config.domains import not_below
 
 _non_negative = at_least(0)
 _positive = above(0)
+_fraction = between(0, 1, low_open=True)
 
 
 @attrs.define
@@ -40,17 +42,17 @@ class GeoMeanSettings:
 
 @attrs.define
 class ClipCovSettings:
-    ratio: float = attrs.field(default=0.0002, validator=_positive)
+    ratio: float = attrs.field(default=0.0002, validator=_fraction)
     """Fraction of the micro-batch's valid tokens whose gradient is detached (at least one token)."""
     lower_bound: float = attrs.field(default=1.0, validator=finite())
     """Only tokens whose covariance (A - mean A)(log pi - mean log pi) is above this are candidates."""
-    upper_bound: float = attrs.field(default=5.0, validator=finite())
+    upper_bound: float = attrs.field(default=5.0, validator=[finite(), not_below("lower_bound")])
     """... and below this."""
 
 
 @attrs.define
 class KlCovSettings:
-    ratio: float = attrs.field(default=0.0002, validator=_positive)
+    ratio: float = attrs.field(default=0.0002, validator=_fraction)
     """Fraction of the micro-batch's valid tokens (the largest covariances, at least one) that get the penalty."""
     coef: float = attrs.field(default=0.1, validator=_non_negative)
     """Weight of the |log r| penalty on those tokens (verl's ppo_kl_coef)."""

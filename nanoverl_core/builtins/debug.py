@@ -20,13 +20,13 @@ from ..config import Config
 from ..errors import DataError
 from ..rollout import SamplingParams, responses_to_batch
 from ..workers import NonFiniteError, TorchActor, TorchCritic, Workers, resolve_device
-from .debug_settings import DebugModelSettings, DebugRolloutSettings
+from .debug_settings import ALPHABET, DebugModelSettings, DebugRolloutSettings
 
 
 class CharTokenizer:
     """Characters of a small alphabet; id 0 is padding, id 1 is end-of-sequence."""
 
-    alphabet = "0123456789=+-*/:,.? "
+    alphabet = ALPHABET
     pad_token_id, eos_token_id = 0, 1
     chat_template = None
 

@@ -3,17 +3,31 @@ checking a config stays fast)."""
 
 import attrs
 
-from ..config import at_least
+from ..config import Number, OutOfDomain, at_least
+
+HEADS = 4
+"""Attention heads of the debug model's blocks."""
 
 _count = at_least(1)
 
 
+ALPHABET = "0123456789=+-*/:,.? "
+"""The debug tokenizer's characters; ids 0 and 1 are padding and end-of-sequence."""
+TOKENIZER_VOCAB = len(ALPHABET) + 2
+
+
+def _covers_the_tokenizer(instance, attribute, value: int) -> None:
+    if 0 < value < TOKENIZER_VOCAB:
+        raise OutOfDomain(attribute.name, f"{value} is smaller than the debug tokenizer's {TOKENIZER_VOCAB} tokens; "
+                                          f"use 0 (its size) or at least {TOKENIZER_VOCAB}")
+
+
 @attrs.define
 class DebugModelSettings:
-    vocab_size: int = attrs.field(default=0, validator=at_least(0))
-    """Vocabulary size (0: the size of its character tokenizer)."""
-    hidden_size: int = attrs.field(default=64, validator=_count)
-    """Hidden size of its tiny transformer (a multiple of its 4 heads)."""
+    vocab_size: int = attrs.field(default=0, validator=attrs.validators.and_(at_least(0), _covers_the_tokenizer))
+    """Vocabulary size (0: the size of its character tokenizer, which a larger value must cover)."""
+    hidden_size: int = attrs.field(default=64, validator=Number(low=HEADS, multiple=HEADS))
+    """Hidden size of its tiny transformer (a multiple of its 4 heads: each head takes hidden_size / 4)."""
     num_layers: int = attrs.field(default=2, validator=_count)
     """Number of transformer blocks."""
 

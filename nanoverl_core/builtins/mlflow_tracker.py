@@ -91,7 +91,11 @@ class MlflowTracker:
         settings = mlflow_settings(config)
         self.run_dir = run_dir.resolve()
         self.uri = resolve_tracking_uri(settings.uri, self.run_dir)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        try:
+            self.client = MlflowClient(tracking_uri=self.uri)
+        except Exception as exc:  # a scheme no store of this mlflow serves
+            raise UserError(f"mlflow tracking store {_redact(self.uri)} cannot be used ({_reason(exc)}); set "
+                            "[tracking.mlflow] uri (or $MLFLOW_TRACKING_URI) to a store mlflow serves") from None
         self._pending: list[tuple[int, list[Metric]]] = []  # (step, metrics not yet accepted by the store)
         self._logged_before: dict[str, int] = {}             # key -> highest step logged before this resume
         self._retry_at = 0.0

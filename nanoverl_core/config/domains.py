@@ -36,16 +36,20 @@ def _num(x: float) -> str:
 class Number:
     """An int or float key's domain: finite, and within [low, high] (each bound optional, open or closed).
 
-    With `optional`, None is allowed too (a key whose absence means "off")."""
+    With `optional`, None is allowed too (a key whose absence means "off"); with `multiple`, only the
+    multiples of it (a hidden size its head count divides)."""
 
     low: float | None = None
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
     optional: bool = False
+    multiple: int | None = None
 
     def contains(self, value: float) -> bool:
         if not math.isfinite(value):
+            return False
+        if self.multiple and value % self.multiple:
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
@@ -68,7 +72,8 @@ class Number:
             bounds = f" {'<' if self.high_open else '<='} {_num(self.high)}"
         else:
             bounds = ""
-        return kind + bounds + (" (or unset)" if self.optional else "")
+        multiple = f", a multiple of {self.multiple}" if self.multiple else ""
+        return kind + bounds + multiple + (" (or unset)" if self.optional else "")
 
     __str__ = describe
 
@@ -92,6 +97,25 @@ def between(low: float, high: float, *, low_open: bool = False, high_open: bool 
             optional: bool = False) -> Number:
     """A finite number in the interval from low to high; each end closed unless said open."""
     return Number(low=low, high=high, low_open=low_open, high_open=high_open, optional=optional)
+
+
+@attrs.frozen
+class NotBelow:
+    """A relation declared at the field: this number is at least another field's of the same settings (an
+    upper bound not below its lower bound). `check_fields` runs it once every field is set."""
+
+    other: str
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        low = getattr(instance, self.other, None)
+        if isinstance(value, (int, float)) and isinstance(low, (int, float)) and value < low:
+            raise OutOfDomain(attribute.name, f"{value!r} is below {self.other} = {low!r}; an upper bound is at "
+                                              f"least its lower bound")
+
+
+def not_below(other: str) -> NotBelow:
+    """The field's value is >= the field `other`'s (upper_bound >= lower_bound)."""
+    return NotBelow(other)
 
 
 def domain_of(field: attrs.Attribute) -> Number | None:
@@ -121,6 +145,11 @@ class PathKind:
             path = Path(one).expanduser() if one else None
             if path is not None and _exists(path):
                 self.check(attribute.name, one, path)
+            elif path is not None and self.kind == "folder":  # made when missing: it must be makeable
+                problem = unwritable(path)
+                if problem:
+                    raise OutOfDomain(attribute.name, f"{one!r} cannot be created: {problem}; name a folder you "
+                                                      "can write to")
 
     def check(self, name: str, value: str, path: Path) -> None:
         what = "a folder" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
@@ -134,6 +163,30 @@ class PathKind:
         if self.kind == "model" and (path.suffix != ".gguf" if path.is_file() else not (path / "config.json").is_file()):
             detail = "holds no config.json" if path.is_dir() else f"is {what}"
             raise OutOfDomain(name, f"{value!r} {detail}: not a Hugging Face model folder or a .gguf file")
+
+
+def unwritable(path: Path, want: str = "folder") -> str | None:
+    """Why the OS would refuse to create `path` (`want`: "folder" or "file"), or None: a name longer than the
+    file system takes, an existing entry of the other kind, or a parent that is a regular file. Checked
+    before the work starts, so that a command fails before it has run, not after (eval's --samples,
+    export's OUT_DIR, trainer.output_dir)."""
+    path = Path(path).expanduser()
+    longest = max((len(part.encode()) for part in path.parts), default=0)
+    if longest > 255 or len(str(path).encode()) >= 4096:
+        return f"a name in it is {longest} bytes long, over the 255 a file system takes" if longest > 255 else \
+            f"the path is {len(str(path).encode())} bytes long, over the 4096 the OS takes"
+    if _exists(path):
+        if want == "file" and path.is_dir():
+            return "it is a folder, not a file"
+        if want == "folder" and not path.is_dir():
+            return "it is a file, not a folder"
+        return None
+    parent = path.parent
+    while not _exists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if _exists(parent) and not parent.is_dir():
+        return f"{parent} is a file, not a folder"
+    return None
 
 
 def _exists(path: Path) -> bool:

@@ -108,7 +108,12 @@ def _pop_component_tables(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _read_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; check the --config path")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"config file {path} line {line} is not UTF-8 (byte {exc.object[exc.start]:#04x}); "
+                          "save the file as UTF-8") from None
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
@@ -121,12 +126,21 @@ def _read_file(path: Path) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
         detail = " ".join(str(exc).split())
         raise ConfigError(f"config file {path} cannot be parsed: {detail}") from None
+    except ValueError as exc:  # an integer past Python's int-to-str limit (4300 digits), from any of the parsers
+        raise ConfigError(f"config file {path} holds an integer longer than Python reads ({_digits(exc)}); no "
+                          "setting takes a number that long: fix the value") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
     return data
 
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _digits(exc: BaseException) -> str:
+    """"100000 digits, over the limit of 4300" from the int-to-str ValueError."""
+    found = re.findall(r"\d+", str(exc))
+    return f"{found[1]} digits, over the limit of {found[0]}" if len(found) >= 2 else " ".join(str(exc).split())[:120]
 
 
 def _parse_value(text: str) -> Any:
@@ -189,7 +203,11 @@ def apply_override(data: dict[str, Any], override: str, *, registry: Registry | 
         except ValueError:
             node[parts[-1]] = value  # reported as a type error with the key path
     else:
-        parsed = _parse_value(value)
+        try:
+            parsed = _parse_value(value)
+        except ValueError as exc:  # an integer past Python's int-to-str limit (4300 digits)
+            raise ConfigError(f"override {key.strip()}: its value is an integer longer than Python reads "
+                              f"({_digits(exc)}); no setting takes a number that long: fix the value") from None
         if isinstance(parsed, str) and _FLOAT.fullmatch(parsed.strip()):
             parsed = float(parsed)  # YAML reads 1e-3 as text (an optional float, a component setting)
         node[parts[-1]] = parsed

@@ -70,8 +70,14 @@ def actor_rules(config: Config) -> None:
 
 
 def critic_rules(config: Config) -> None:
-    c = config.critic
+    c, warmup, steps = config.critic, config.trainer.critic_warmup, config.trainer.total_steps
     _update_rules(config, "critic", config.critic_mini_batch_size)
+    if warmup and not c.enable:
+        raise ConfigError(f"trainer.critic_warmup = {warmup} but critic.enable = false: its steps would update "
+                          "nothing; set critic.enable = true or remove trainer.critic_warmup")
+    if warmup and steps is not None and warmup >= steps:
+        raise ConfigError(f"trainer.critic_warmup = {warmup} is not below trainer.total_steps = {steps}: the actor "
+                          "would never update; lower the warmup or raise total_steps")
     if not c.enable:
         changed = _changed_fields(c, type(c)(), ignore={"enable"})
         if changed:

@@ -10,6 +10,7 @@ the next start deletes.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import pickle
@@ -62,10 +63,10 @@ def clean_partial(root: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def find_resume(mode: str, root: Path) -> Path | None:
-    """The checkpoint `trainer.resume` names: "auto" the newest complete one (None if there is none),
-    "never" none (an error if the run directory already holds checkpoints), else that folder."""
-    clean_partial(root)
+def resume_target(mode: str, root: Path) -> Path | None:
+    """The checkpoint `trainer.resume` names, changing nothing (--dry-run asks too): "auto" the newest
+    complete one (None if there is none), "never" none (an error if the run directory already holds
+    checkpoints), else that folder (an error naming the closest of auto / never if there is none)."""
     existing = complete_checkpoints(root)
     if mode == "never":
         if existing:
@@ -75,9 +76,27 @@ def find_resume(mode: str, root: Path) -> Path | None:
     if mode == "auto":
         return existing[-1] if existing else None
     path = step_folder(Path(mode), root)
-    if not path.is_dir():
-        raise CheckpointError(f"trainer.resume = {mode!r} is not a folder; use auto, never or a checkpoint path")
-    set_aside_newer(root, path)  # so pruning and a later resume=auto never mix the two timelines
+    if not _is_dir(path):
+        close = difflib.get_close_matches(mode, ["auto", "never"], n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise CheckpointError(f"trainer.resume = {mode!r} is not a folder; {hint}use auto, never or a checkpoint path")
+    return path
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a name the OS refuses (too long)
+        return False
+
+
+def find_resume(mode: str, root: Path) -> Path | None:
+    """`resume_target`, after deleting what a killed save left; resuming an older checkpoint sets the
+    newer ones aside."""
+    clean_partial(root)
+    path = resume_target(mode, root)
+    if path is not None and mode not in ("auto", "never"):
+        set_aside_newer(root, path)  # so pruning and a later resume=auto never mix the two timelines
     return path
 
 
@@ -260,17 +279,52 @@ def load_checkpoint(path: Path, workers) -> dict[str, Any]:
     return state
 
 
-def remove_new_entries(run_dir: Path, before: set[Path] | None) -> None:
+def snapshot_run_dir(run_dir: Path) -> dict[Path, bytes | None] | None:
+    """What a failed start must give back: None if the run directory does not exist, else each entry's
+    path with, for a top-level file (config.json, metrics.jsonl: a start rewrites them), its bytes."""
+    if not run_dir.is_dir():
+        return None
+    return {path: path.read_bytes() if path.is_file() and not path.is_symlink() else None
+            for path in run_dir.iterdir()}
+
+
+def remove_new_entries(run_dir: Path, before: dict[Path, bytes | None] | None) -> None:
     """Undo what a failed start wrote: the run directory itself if it did not exist (`before` None), else
-    the entries that were not in `before`. Checkpoints and files of an earlier run are never touched."""
+    the entries that were not in `before`, and the earlier files it rewrote (config.json, metrics.jsonl)
+    as they were. Checkpoints of an earlier run are never touched."""
     if before is None:
         shutil.rmtree(run_dir, ignore_errors=True)
         return
-    for path in set(run_dir.iterdir()) - before if run_dir.is_dir() else ():
+    for path in set(run_dir.iterdir()) - set(before) if run_dir.is_dir() else ():
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+    for path, content in before.items():
+        if content is not None and (not path.is_file() or path.read_bytes() != content):
+            tmp = path.with_name(f".restore-{path.name}")
+            tmp.write_bytes(content)
+            tmp.replace(path)
+
+
+def config_differences(run_dir: Path, config) -> list[str]:
+    """The keys whose value differs between run_dir/config.json (an earlier run's) and `config`, dotted
+    (`critic.enable`, `worker.debug.hidden_size`); [] when there is no earlier config or it is unreadable.
+    Keys that say only how to run, not what is trained (trainer.resume, progress, the run length), aside."""
+    try:
+        old = json.loads((run_dir / "config.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    ignore = {"trainer.resume", "trainer.progress", "trainer.total_steps", "trainer.total_epochs",
+              "trainer.save_every", "trainer.val_every", "trainer.keep_checkpoints", "trainer.num_threads",
+              "trainer.device", "trainer.output_dir"}
+
+    def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(tree, dict):
+            return {k: v for key, value in tree.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): tree}
+    before, now = flat(old), flat(config.to_dict())
+    return sorted(k for k in before.keys() | now.keys() if k not in ignore and before.get(k) != now.get(k))
 
 
 def write_run_config(run_dir: Path, config, registry) -> None:

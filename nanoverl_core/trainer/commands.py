@@ -18,13 +18,14 @@ from typing import Any
 import torch
 
 from ..config import Config, config_from_dict, drop_moved_keys
+from ..config.domains import unwritable
 from ..data import load_split
 from ..dist import is_rank0
 from ..errors import CheckpointError, ConfigError
 from ..plugins import Registry
 from ..workers.precision import resolve_compute_dtype
 from .checkpoint import find_checkpoint, reading_checkpoint
-from .resolve import build_rollout, prompt_tools, resolve_plugins
+from .resolve import build_rollout, build_workers, prompt_tools, resolve_plugins
 from .validation import eval_decodings
 
 
@@ -35,6 +36,9 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
     data_source, prompt, response, score and the data row (its ground truth), for scripts/compare_scorers.py."""
     if config.data.source == "files" and not config.data.val_files:
         raise ConfigError("data.val_files is empty; eval scores the config's validation prompts, name at least one file")
+    problem = unwritable(samples, "file") if samples is not None else None
+    if problem:
+        raise ConfigError(f"--samples {samples} cannot be written: {problem}; name another file")
     if samples is not None and not samples.parent.is_dir():
         raise ConfigError(f"--samples {samples}: the folder {samples.parent} does not exist; create it or name "
                           "another file")
@@ -45,7 +49,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
     torch.manual_seed(config.trainer.seed)
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
-    workers = plugins["worker"](config)
+    workers = build_workers(plugins, config)
     rollout = build_rollout(plugins, config, workers)
     try:
         if ckpt is not None:
@@ -71,6 +75,9 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
 
 def run_export(source: Path, out: Path, registry: Registry) -> Path:
     """Write the policy of `source` (a checkpoint, or a run directory's newest) to the new folder `out`."""
+    problem = unwritable(out, "folder") or unwritable(out.with_name(f".tmp-{out.name}"), "folder")
+    if problem:
+        raise ConfigError(f"OUT_DIR {out} cannot be created: {problem}; name a new folder")
     ckpt = find_checkpoint(source, "RUN_DIR_OR_CHECKPOINT")
     run_config = ckpt.parent.parent / "config.json"
     if not run_config.is_file():

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..algos.rollout_correction import truncated_sampling_warning
 from ..config import Config, component_settings
-from ..errors import ConfigError, PluginError
+from ..errors import ConfigError, DataError, PluginError, UserError
 from ..plugins import Registry, install_hint
 from ..reward import RewardScorer
 from .plan import plan_step
@@ -56,6 +56,39 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     return resolved
 
 
+def check_before_start(config: Config, plugins: dict[str, Any]) -> None:
+    """What a training run checks before it writes anything, and --dry-run checks too (a dry-run that passes
+    means the run starts): the checkpoint trainer.resume names, and rollout correction with a rollout whose
+    settings say it returns no log-probs (`[rollout.<name>] log_probs = false`)."""
+    from .checkpoint import checkpoint_root, resume_target
+
+    resume_target(config.trainer.resume, checkpoint_root(config.trainer.output_dir))
+    if not rollout_log_probs(config) and hasattr(config.rollout.settings, "log_probs"):
+        check_rollout_log_probs(config, None)
+
+
+def rollout_log_probs(config: Config) -> bool:
+    """Whether the selected rollout returns its log-probs, as its settings declare it (`log_probs`: the
+    debug and vllm rollouts; a rollout without that setting is taken to return none)."""
+    return bool(getattr(config.rollout.settings, "log_probs", False))
+
+
+def build_workers(plugins: dict[str, Any], config: Config):
+    """The selected worker factory's Workers. A model the worker's own code refuses to build (a hidden size
+    its head count does not divide, in model.path's config.json or the worker's settings: transformers'
+    ValueError, torch's RuntimeError) is one ConfigError naming the keys that shaped it."""
+    try:
+        return plugins["worker"](config)
+    except (ValueError, RuntimeError) as exc:
+        if isinstance(exc, UserError):
+            raise
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        name = config.worker.name
+        raise ConfigError(f"worker.name = {name!r} cannot build the model ({detail}); check the model's shape in "
+                          f"{'model.path = ' + repr(config.model.path) if config.model.path else f'[worker.{name}]'}"
+                          f" and the model / [worker.{name}] settings") from None
+
+
 def build_rollout(plugins: dict[str, Any], config: Config, workers):
     """The selected rollout, running multi-turn episodes (nanoverl_core.env) when environment.name is set."""
     rollout = plugins["rollout"](config, workers)
@@ -99,6 +132,8 @@ def _check_lora_worker(config: Config, registry: Registry) -> None:
 def describe(config: Config, registry: Registry) -> dict[str, Any]:
     """What --dry-run prints: the resolved config and which distribution provides each chosen name."""
     plugins = resolve_plugins(config, registry, import_backends=False)
+    check_before_start(config, plugins)
+    schedule = epoch_schedule(config, plugins["data_source"])   # reads the training rows, as the run does
     chosen = [("data_source", config.data.source), ("worker", config.worker.name), ("rollout", config.rollout.name),
               ("advantage_estimator", config.algorithm.advantage_estimator), ("policy_loss", config.actor.policy_loss)]
     if config.reward.components:
@@ -111,9 +146,9 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
            "plugins": [{"kind": k, "name": n, "provider": registry.entry(k, n).provider} for k, n in chosen],
            "versions": registry.versions()}
     if config.trainer.total_epochs:
-        out["schedule"] = epoch_schedule(config, plugins["data_source"])
+        out["schedule"] = schedule
     facts = dict(reference=config.reference.enable, critic=config.critic.enable,
-                 rollout_log_probs=bool(getattr(config.rollout.settings, "log_probs", False)))
+                 rollout_log_probs=rollout_log_probs(config))
     out["step_plan"] = plan_step(config, plugins["estimator"], **facts).describe()
     if config.model.compute_dtype == "auto":
         from ..workers.precision import pick_compute_dtype
@@ -138,15 +173,20 @@ def check_actor_update(actor: Any, worker: str) -> None:
 def epoch_schedule(config: Config, make_source) -> dict[str, Any]:
     """trainer.total_epochs as steps, from the training rows of epoch 0 as the source gives them (the run
     counts them after data.max_prompt_length, and for a generated source the validation prompts, drop some)."""
-    rows = sum(1 for _ in make_source(config).rows("train", 0))
+    source = make_source(config)
+    rows = sum(1 for _ in source.rows("train", 0))
     per_epoch = rows // config.data.batch_size
+    if per_epoch == 0:                                  # the run's sampler refuses this too, before its first step
+        raise DataError(f"data.batch_size = {config.data.batch_size} but the training data has only {rows} prompts; "
+                        f"lower data.batch_size or add data{'' if rows else ' (the data source gave no training rows)'}")
     return {"total_epochs": config.trainer.total_epochs, "train_rows": rows, "steps_per_epoch": per_epoch,
             "total_steps": config.trainer.total_epochs * per_epoch}
 
 
 def check_rollout_log_probs(config: Config, rollout) -> None:
     """Rollout correction needs the engine's own log-probs; a truncated sampling distribution biases them."""
-    rc, has = config.algorithm.rollout_correction, bool(getattr(rollout, "returns_log_probs", False))
+    rc = config.algorithm.rollout_correction
+    has = bool(getattr(rollout, "returns_log_probs", False)) if rollout is not None else rollout_log_probs(config)
     if rc.enabled and not has:
         key, value = next((k, v) for k, v in (("is_level", rc.is_level), ("rs_level", rc.rs_level), ("rs_kl", rc.rs_kl))
                           if v != "off")

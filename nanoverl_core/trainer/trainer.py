@@ -35,18 +35,19 @@ from ..batch import RLBatch, derive_loss_mask, is_episodes
 from ..config import Config
 from ..data import PromptLoader, load_split
 from ..dist import is_rank0, seed_everything, shard_rollout
-from ..errors import ConfigError, NonFiniteError, RolloutError
+from ..errors import CheckpointError, ConfigError, NonFiniteError, RolloutError
 from ..plugins import Registry
 from ..rollout import SamplingParams, check_rollout_columns
 from ..workers import compile_metrics
 from ..workers.precision import resolve_compute_dtype
 from .batches import (batch_metrics, concat_rounds, expand, informative_groups, merge_reward_metrics, rollout_metrics,
                       timed)
-from .checkpoint import (checkpoint_root, complete_checkpoints, find_resume, load_checkpoint, read_tracker_states,
-                         remove_new_entries, save_checkpoint, write_run_config)
+from .checkpoint import (checkpoint_root, complete_checkpoints, config_differences, find_resume, load_checkpoint,
+                         read_tracker_states, remove_new_entries, save_checkpoint, snapshot_run_dir, write_run_config)
 from .baseline import greedy_baseline
 from .plan import plan_step
-from .resolve import build_rollout, check_actor_update, check_rollout_log_probs, prompt_tools, resolve_plugins
+from .resolve import (build_rollout, build_workers, check_actor_update, check_before_start, check_rollout_log_probs, prompt_tools,
+                      resolve_plugins)
 from .validation import eval_before_after, validate
 
 
@@ -63,27 +64,40 @@ class Trainer:
 
         # Trackers first: a tracking store that cannot be reached fails before any model loads. A start
         # that fails (a bad data row, a model that cannot load) leaves the run directory as it found it.
+        check_before_start(cfg, plugins)                                          # what --dry-run checks too
         resume_from = find_resume(cfg.trainer.resume, checkpoint_root(self.run_dir))
         tracker_states = read_tracker_states(resume_from) if resume_from else {}
         self.trackers = {}
-        before = set(self.run_dir.iterdir()) if self.run_dir.is_dir() else None
+        changed = config_differences(self.run_dir, cfg) if resume_from else []
+        before = snapshot_run_dir(self.run_dir)
         try:
             if is_rank0():
                 write_run_config(self.run_dir, cfg, registry)
                 for name, make in zip(cfg.tracking.trackers, plugins["trackers"]):
                     self.trackers[name] = make(cfg, self.run_dir, tracker_states.get(name, {} if resume_from else None))
             self._build(plugins, resume_from)
+        except CheckpointError as exc:
+            self._undo_start(before)
+            if not changed:
+                raise
+            raise CheckpointError(f"{exc}; the run directory's config.json (kept as it was) differs from this config "
+                                  f"in {', '.join(changed[:8])}{' ...' if len(changed) > 8 else ''}: rerun with those "
+                                  "values to resume, or start fresh in a new trainer.output_dir") from None
         except BaseException:
-            if getattr(self, "rollout", None) is not None:  # built before the failing part (data, resume)
-                self.rollout.close()
-            self._tracker_call("close", False)
-            if is_rank0():
-                remove_new_entries(self.run_dir, before)
+            self._undo_start(before)
             raise
+
+    def _undo_start(self, before) -> None:
+        """A start that failed leaves the run directory as it found it (and closes what it opened)."""
+        if getattr(self, "rollout", None) is not None:  # built before the failing part (data, resume)
+            self.rollout.close()
+        self._tracker_call("close", False)
+        if is_rank0():
+            remove_new_entries(self.run_dir, before)
 
     def _build(self, plugins: dict[str, Any], resume_from: Path | None) -> None:
         cfg = self.config
-        self.workers = plugins["worker"](cfg)
+        self.workers = build_workers(plugins, cfg)
         check_actor_update(self.workers.actor, cfg.worker.name)
         self.tokenizer = self.workers.tokenizer
         self.rollout = build_rollout(plugins, cfg, self.workers)                  # multi-turn with an environment

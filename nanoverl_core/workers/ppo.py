@@ -99,6 +99,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_up
             return (step + 1) / cfg.warmup_steps
         if cfg.lr_schedule == "constant":
             return 1.0
+        if total is None:  # trainer.total_epochs before the data is loaded: only LambdaLR's own call at step 0
+            return 1.0
         progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
         decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1 - progress
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay

@@ -1,0 +1,162 @@
+"""docs/plugins.md, "What an outside backend can rely on": each statement, tested as written."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import EXAMPLES, ROOT
+
+REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
+
+
+def test_workers_is_the_protocols_class_and_takes_tokenizer_actor_reference_critic():
+    import nanoverl_core
+    from nanoverl_core.protocols import Workers
+
+    assert nanoverl_core.Workers is Workers
+    assert list(inspect.signature(Workers).parameters) == ["tokenizer", "actor", "reference", "critic"]
+    workers = Workers("tok", "actor")
+    assert workers.reference is None and workers.critic is None
+
+
+def test_the_tokenizer_contract_lists_every_attribute_the_core_reads():
+    from nanoverl_core.protocols import TOKENIZER_CONTRACT
+
+    read = set()
+    for path in (ROOT / "nanoverl_core").rglob("*.py"):
+        text = path.read_text()
+        read |= set(re.findall(r"tokenizer\.([a-z_]+)", text))
+        read |= set(re.findall(r"getattr\(tokenizer, \"([a-z_]+)\"", text))
+    assert read <= set(TOKENIZER_CONTRACT), read - set(TOKENIZER_CONTRACT)
+
+
+def test_the_debug_tokenizer_meets_the_tokenizer_contract():
+    from nanoverl_core.builtins.debug import CharTokenizer
+
+    tok = CharTokenizer()
+    ids = tok.encode("12=", add_special_tokens=False)
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    assert tok.decode(ids, skip_special_tokens=True) == "12="
+    assert isinstance(tok.pad_token_id, int) and isinstance(tok.eos_token_id, int)
+
+
+def _debug_workers(*overrides: str):
+    from nanoverl_core.config import load_config
+    from nanoverl_core.plugins import load_registry
+
+    registry = load_registry()
+    config = load_config(REINFORCE, ["data.batch_size=4", "rollout.n=2", *overrides], registry=registry)
+    return config, registry.get("worker", "debug")(config)
+
+
+def _rollout_batch(config, workers, rows: int = 8):
+    from nanoverl_core.batch import RLBatch
+    from nanoverl_core.builtins.debug import DebugRollout
+    from nanoverl_core.rollout import SamplingParams
+
+    prompts = torch.tensor([workers.tokenizer.encode(f"{i}{i}=") for i in range(rows)])
+    batch = RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)})
+    torch.manual_seed(0)
+    return batch.update(DebugRollout(config, workers).generate(batch, SamplingParams(temperature=1.0, max_new_tokens=4)))
+
+
+def test_check_actor_recipe_as_written_passes_for_the_debug_actor():
+    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.testing import check_actor
+
+    config, workers = _debug_workers()
+    batch = _rollout_batch(config, workers)
+    metrics = check_actor(workers.actor, batch)
+    assert metrics and all(isinstance(v, float) for v in metrics.values())
+    # the recipe, by hand: old = ref = the log-probs, advantages +1 on response tokens, loss_mask = response_mask
+    train = batch.index(slice(None))
+    lp = workers.actor.compute_log_probs(batch)
+    train["old_log_probs"], train["ref_log_probs"] = lp.clone(), lp.clone()
+    train["advantages"] = batch["response_mask"].float()
+    train["loss_mask"] = batch["response_mask"].clone()
+    workers.actor.update(train, vanilla, on_policy=False)
+    after = workers.actor.compute_log_probs(batch)
+    mask = batch["response_mask"]
+    assert float(((after - lp) * mask).sum()) > 0
+
+
+def test_the_normalisers_make_the_loss_independent_of_the_micro_batch_size():
+    from nanoverl_core.algos import PolicyLossInputs
+
+    torch.manual_seed(0)
+    loss_mat, mask = torch.randn(8, 5), (torch.rand(8, 5) > 0.3).float()
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        whole = PolicyLossInputs(loss_mat, loss_mat, loss_mat, mask, loss_agg_mode=mode, num_tokens=float(mask.sum()),
+                                 num_seqs=float((mask.sum(1) > 0).sum()), loss_scale_factor=5.0)
+        parts = [PolicyLossInputs(loss_mat[i:i + 2], loss_mat[i:i + 2], loss_mat[i:i + 2], mask[i:i + 2],
+                                  loss_agg_mode=mode, num_tokens=whole.num_tokens, num_seqs=whole.num_seqs,
+                                  loss_scale_factor=5.0) for i in range(0, 8, 2)]
+        torch.testing.assert_close(sum(p.aggregate(p.log_prob) for p in parts), whole.aggregate(whole.log_prob))
+
+
+def test_update_takes_keep_log_probs_and_a_nonfinite_loss_raises_without_stepping():
+    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.errors import NonFiniteError
+    from nanoverl_core.protocols import Actor
+
+    assert "keep_log_probs" in inspect.signature(Actor.update).parameters
+    config, workers = _debug_workers()
+    batch = _rollout_batch(config, workers)
+    lp = workers.actor.compute_log_probs(batch)
+    batch["old_log_probs"], batch["loss_mask"] = lp, batch["response_mask"].clone()
+    batch["advantages"] = torch.full_like(lp, float("nan"))
+    before = {k: v.clone() for k, v in workers.actor.full_tensors()}
+    with pytest.raises(NonFiniteError):
+        workers.actor.update(batch, vanilla, on_policy=False)
+    assert all(torch.equal(before[k], v) for k, v in workers.actor.full_tensors()), "a non-finite update stepped"
+
+
+def test_a_schedule_built_before_total_steps_is_known_reads_it_when_it_is_final():
+    from nanoverl_core.config import load_config
+    from nanoverl_core.workers.ppo import build_scheduler
+
+    config = load_config(REINFORCE, ["trainer.total_epochs=1", "trainer.total_steps=null", "actor.lr=1.0",
+                                     "actor.lr_schedule=linear", "actor.min_lr_ratio=0.1"])
+    assert config.trainer.total_steps is None                        # as make_workers sees it
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    scheduler = build_scheduler(optimizer, config.actor, lambda: config.trainer.total_steps)
+    config.trainer.total_steps = 4                                   # set once the data is loaded
+    lrs = []
+    for _ in range(4):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1 + 0.9 * 0.25)
+
+
+def test_the_public_errors_and_the_batch_operations_a_plugin_may_use():
+    from nanoverl_core import errors
+    from nanoverl_core.batch import RLBatch
+
+    for name in ("UserError", "ConfigError", "PluginError", "DataError", "RewardError", "EpisodeError",
+                 "RolloutError", "NonFiniteError", "CheckpointError", "CheckpointMismatch"):
+        assert isinstance(getattr(errors, name), type)
+    assert issubclass(errors.CheckpointError, errors.UserError)
+    batch = RLBatch({"x": torch.arange(4)}, {"row": list("abcd")})
+    assert set(batch.keys()) == {"x", "row"} and len(batch) == 4
+    picked = batch.index([0, 2])
+    assert picked["row"] == ["a", "c"] and picked["x"].tolist() == [0, 2]
+    assert batch.index(torch.tensor([True, False, True, False]))["row"] == ["a", "c"]
+    both = RLBatch.concat([picked, batch.index(slice(1, 2))])
+    assert both["x"].tolist() == [0, 2, 1]
+    batch.update(RLBatch({"y": torch.zeros(4)}))
+    assert "y" in batch.keys()
+
+
+def test_the_docs_state_each_contract():
+    text = (ROOT / "docs" / "plugins.md").read_text()
+    section = text.split("## What an outside backend can rely on")[1].split("\n## ")[0]
+    for needle in ("Workers(tokenizer, actor, reference=None, critic=None)", "TOKENIZER_CONTRACT", "check_actor",
+                   "num_tokens", "keep_log_probs", "NonFiniteError", "total_steps", "CheckpointError", "RLBatch"):
+        assert needle in section, needle
