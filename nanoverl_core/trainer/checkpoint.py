@@ -307,6 +307,13 @@ def remove_new_entries(run_dir: Path, before: dict[Path, bytes | None] | None) -
             tmp.replace(path)
 
 
+def changed_config(changed: list[str]) -> str:
+    """What to say when a run directory's checkpoint does not load into a config that differs in `changed`."""
+    keys = f"{', '.join(changed[:8])}{' ...' if len(changed) > 8 else ''}"
+    return (f"the run directory's config.json (kept as it was) differs from this config in {keys}: rerun with those "
+            "values to resume, or start fresh in a new trainer.output_dir")
+
+
 def config_differences(run_dir: Path, config) -> list[str]:
     """The keys whose value differs between run_dir/config.json (an earlier run's) and `config`, dotted
     (`critic.enable`, `worker.debug.hidden_size`); [] when there is no earlier config or it is unreadable.

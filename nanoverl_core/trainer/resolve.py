@@ -78,7 +78,7 @@ def build_workers(plugins: dict[str, Any], config: Config):
     its head count does not divide, in model.path's config.json or the worker's settings: transformers'
     ValueError, torch's RuntimeError) is one ConfigError naming the keys that shaped it."""
     try:
-        return plugins["worker"](config)
+        workers = plugins["worker"](config)
     except (ValueError, RuntimeError) as exc:
         if isinstance(exc, UserError):
             raise
@@ -87,6 +87,8 @@ def build_workers(plugins: dict[str, Any], config: Config):
         raise ConfigError(f"worker.name = {name!r} cannot build the model ({detail}); check the model's shape in "
                           f"{'model.path = ' + repr(config.model.path) if config.model.path else f'[worker.{name}]'}"
                           f" and the model / [worker.{name}] settings") from None
+    check_actor_update(workers.actor, config.worker.name)
+    return workers
 
 
 def build_rollout(plugins: dict[str, Any], config: Config, workers):

@@ -42,11 +42,12 @@ from ..workers import compile_metrics
 from ..workers.precision import resolve_compute_dtype
 from .batches import (batch_metrics, concat_rounds, expand, informative_groups, merge_reward_metrics, rollout_metrics,
                       timed)
-from .checkpoint import (checkpoint_root, complete_checkpoints, config_differences, find_resume, load_checkpoint,
-                         read_tracker_states, remove_new_entries, save_checkpoint, snapshot_run_dir, write_run_config)
+from .checkpoint import (changed_config, checkpoint_root, complete_checkpoints, config_differences, find_resume,
+                         load_checkpoint, read_tracker_states, remove_new_entries, save_checkpoint, snapshot_run_dir,
+                         write_run_config)
 from .baseline import greedy_baseline
 from .plan import plan_step
-from .resolve import (build_rollout, build_workers, check_actor_update, check_before_start, check_rollout_log_probs, prompt_tools,
+from .resolve import (build_rollout, build_workers, check_before_start, check_rollout_log_probs, prompt_tools,
                       resolve_plugins)
 from .validation import eval_before_after, validate
 
@@ -67,24 +68,18 @@ class Trainer:
         check_before_start(cfg, plugins)                                          # what --dry-run checks too
         resume_from = find_resume(cfg.trainer.resume, checkpoint_root(self.run_dir))
         tracker_states = read_tracker_states(resume_from) if resume_from else {}
-        self.trackers = {}
+        self.trackers, before = {}, snapshot_run_dir(self.run_dir)
         changed = config_differences(self.run_dir, cfg) if resume_from else []
-        before = snapshot_run_dir(self.run_dir)
         try:
             if is_rank0():
                 write_run_config(self.run_dir, cfg, registry)
                 for name, make in zip(cfg.tracking.trackers, plugins["trackers"]):
                     self.trackers[name] = make(cfg, self.run_dir, tracker_states.get(name, {} if resume_from else None))
             self._build(plugins, resume_from)
-        except CheckpointError as exc:
+        except BaseException as exc:
             self._undo_start(before)
-            if not changed:
-                raise
-            raise CheckpointError(f"{exc}; the run directory's config.json (kept as it was) differs from this config "
-                                  f"in {', '.join(changed[:8])}{' ...' if len(changed) > 8 else ''}: rerun with those "
-                                  "values to resume, or start fresh in a new trainer.output_dir") from None
-        except BaseException:
-            self._undo_start(before)
+            if isinstance(exc, CheckpointError) and changed:              # the checkpoint is another config's
+                raise CheckpointError(f"{exc}; {changed_config(changed)}") from None
             raise
 
     def _undo_start(self, before) -> None:
@@ -97,8 +92,7 @@ class Trainer:
 
     def _build(self, plugins: dict[str, Any], resume_from: Path | None) -> None:
         cfg = self.config
-        self.workers = build_workers(plugins, cfg)
-        check_actor_update(self.workers.actor, cfg.worker.name)
+        self.workers = build_workers(plugins, cfg)                                # its actor's update checked too
         self.tokenizer = self.workers.tokenizer
         self.rollout = build_rollout(plugins, cfg, self.workers)                  # multi-turn with an environment
         check_rollout_log_probs(cfg, self.rollout)
