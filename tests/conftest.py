@@ -123,10 +123,22 @@ def with_plugins(site: Path, *names: str, **extra: str) -> dict[str, str]:
     return cli_env(PYTHONPATH=paths, **extra)
 
 
+SERIAL = {"test_reward_runtime", "test_reward_foreign", "test_reward_components", "test_multiturn",
+          "test_reliability_faults", "test_reliability_inputs", "test_security", "test_data_sources",
+          "test_mlflow_resume", "test_mlflow_tracker", "test_mlflow_ui"}
+"""Modules whose tests race a short deadline on purpose (a reward or environment past its timeout_s, a
+worker killed mid-call, a server's start, a prefetch thread): marked `serial`, so nox's core session runs
+them after the rest, which it spreads over the cores (pytest-xdist), on an otherwise idle machine."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `hf` need the nanoverl-hf plugin; they skip where it is not installed (nox's core session)."""
+    """Tests marked `hf` need the nanoverl-hf plugin; they skip where it is not installed (nox's core session).
+    Tests of the SERIAL modules are marked `serial`."""
     import importlib.util
 
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in SERIAL:
+            item.add_marker(pytest.mark.serial)
     if importlib.util.find_spec("nanoverl_hf") is not None:
         return
     skip = pytest.mark.skip(reason="needs nanoverl-hf (run by nox -s hf_grpo)")

@@ -26,7 +26,7 @@ def _covers_the_tokenizer(instance, attribute, value: int) -> None:
 class DebugModelSettings:
     vocab_size: int = attrs.field(default=0, validator=attrs.validators.and_(at_least(0), _covers_the_tokenizer))
     """Vocabulary size (0: the size of its character tokenizer, which a larger value must cover)."""
-    hidden_size: int = attrs.field(default=64, validator=Number(low=HEADS, multiple=HEADS))
+    hidden_size: int = attrs.field(default=64, validator=Number(low=1, multiple=HEADS))
     """Hidden size of its tiny transformer (a multiple of its 4 heads: each head takes hidden_size / 4)."""
     num_layers: int = attrs.field(default=2, validator=_count)
     """Number of transformer blocks."""
