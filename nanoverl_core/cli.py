@@ -100,11 +100,11 @@ def cmd_eval(argv: list[str]) -> int:
     p = _Parser(prog="nanoverl-train eval", description="Evaluate the base model or a checkpoint on the config's "
                 "validation data with its rollout (greedy, and sampled with rollout.val_n samples); writes nothing to the run.")
     p.add_argument("--config", action=_Once, help=CONFIG_HELP)
-    p.add_argument("--checkpoint", type=Path, action=_Once, help="a checkpoints/step_<N> folder (step_400 finds step_000400, also "
-                   "in trainer.output_dir's checkpoints) or a run directory (its newest)")
+    p.add_argument("--checkpoint", type=Path, action=_Once, help="a checkpoints/step_<N> folder (step_400 finds "
+                   "step_000400, also in trainer.output_dir's checkpoints) or a run directory (its newest)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--samples", type=Path, action=_Once, metavar="FILE.jsonl", help="also write every scored sample (decoding, "
-                   "prompt, response, score, the data row with its ground truth) to this jsonl file")
+    p.add_argument("--samples", type=Path, action=_Once, metavar="FILE.jsonl", help="also write every scored sample "
+                   "(decoding, prompt, response, score, the data row with its ground truth) to this jsonl file")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     args = p.parse_intermixed_args(argv)  # flags and overrides in any order
     registry = load_registry()
