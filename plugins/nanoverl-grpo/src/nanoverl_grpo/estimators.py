@@ -181,6 +181,13 @@ def compute_gdpo_advantages(component_scores: torch.Tensor, weights: Sequence[fl
     all-equal rules), A = sum_k w_k A_k, broadcast over valid tokens and whitened over all valid
     tokens of the batch, so a reward with a large spread cannot drown a small one. Needs at least 2
     valid tokens in the batch. With K = 1 this is GRPO followed by batch whitening.
+
+    Deliberate difference from verl: an all-equal group's A_k is exactly 0 here. verl's float32 group mean
+    of equal scores can miss the score by a rounding step, and dividing by std + epsilon turns that into
+    an offset on every row of the group (0.056 for five rows of 0.8964447); the batch whitening then
+    divides by the batch's std, as small when the other groups are all-equal too, so those rows can come
+    out anywhere up to the largest z-score N valid tokens allow, (N - 1) / sqrt(N) (1.2 for that group
+    next to eight rows of 0: docs/verl-differences.md). Elsewhere the two agree to float32 rounding.
     """
     if component_scores.shape[1] != len(weights):
         raise ValueError(f"{component_scores.shape[1]} reward components but {len(weights)} weights")
