@@ -107,7 +107,8 @@ class Actor(Protocol):
         actor (`lora = True`) yields the merged model's entries under the base model's names instead."""
 
     def save(self, path: Path) -> None:
-        """Write weights and optimizer state into the folder `path` (every rank, same path)."""
+        """Write weights and optimizer state into the folder `path`, which exists and is empty (every rank,
+        same path)."""
 
     def load(self, path: Path) -> None:
         """Restore what `save` wrote; raise CheckpointError for a checkpoint that does not fit."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import json
+import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -160,3 +161,110 @@ def test_the_docs_state_each_contract():
     for needle in ("Workers(tokenizer, actor, reference=None, critic=None)", "TOKENIZER_CONTRACT", "check_actor",
                    "num_tokens", "keep_log_probs", "NonFiniteError", "total_steps", "CheckpointError", "RLBatch"):
         assert needle in section, needle
+
+
+# ---- an outside backend, written from docs/plugins.md alone: its own model, tokenizer and Actor -------------
+class CharTokens:
+    """The tokenizer contract (TOKENIZER_CONTRACT): printable characters, 0 pad, 1 eos."""
+
+    pad_token_id, eos_token_id, chat_template = 0, 1, None
+    chars = "0123456789:=+-*abcdefghijklmnopqrstuvwxyz "
+
+    def encode(self, text, add_special_tokens=True):
+        return [2 + self.chars.index(c) for c in text if c in self.chars]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.chars[i - 2] for i in ids if i >= 2)
+
+
+class PrefixMeanLM(torch.nn.Module):
+    """No transformers: each position's logits from its token and the mean of the tokens before it."""
+
+    def __init__(self, vocab: int, width: int = 32):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(vocab, width), torch.nn.Linear(2 * width, vocab)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        x = self.embed(input_ids) * (attention_mask if attention_mask is not None else 1)[..., None]
+        seen = x.cumsum(1) / torch.arange(1, x.shape[1] + 1)[None, :, None]
+        return type("Out", (), {"logits": self.head(torch.cat([x, seen], -1))})()
+
+
+class OwnActor:
+    """The Actor protocol: module, device, compute_log_probs, update, full_tensors, save, load."""
+
+    def __init__(self, config, vocab: int):
+        self.module, self.device, self.config = PrefixMeanLM(vocab), torch.device("cpu"), config
+        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=config.actor.lr)
+
+    def _log_probs(self, batch):                               # (B, R) at the rollout temperature, 0 on padding
+        ids = torch.cat([batch["prompts"], batch["responses"]], 1)
+        mask = torch.cat([batch["prompt_mask"], batch["response_mask"].long()], 1)
+        width = batch["responses"].shape[1]
+        logits = self.module(input_ids=ids, attention_mask=mask).logits[:, -width - 1:-1]
+        logits = logits / max(self.config.rollout.temperature, 1e-6)
+        chosen = logits.log_softmax(-1).gather(-1, batch["responses"][..., None]).squeeze(-1)
+        return chosen * batch["response_mask"]
+
+    def compute_log_probs(self, batch):
+        with torch.no_grad():
+            return self._log_probs(batch)
+
+    def update(self, batch, policy_loss, *, on_policy=False, keep_log_probs=False):
+        from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss
+        from nanoverl_core.errors import NonFiniteError
+
+        log_prob, mask = self._log_probs(batch), batch["loss_mask"]
+        old = log_prob.detach() if on_policy else batch["old_log_probs"]
+        inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=batch["advantages"], loss_mask=mask,
+                                  loss_agg_mode=self.config.actor.loss_agg_mode, num_tokens=float(mask.sum()),
+                                  num_seqs=float((mask.sum(-1) > 0).sum()), on_policy=on_policy)
+        loss, metrics = compute_actor_loss(policy_loss, inputs, self.config.actor)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), float("inf"))
+        if not (torch.isfinite(loss) and torch.isfinite(norm)):
+            self.optimizer.zero_grad()
+            raise NonFiniteError(f"non-finite loss or gradient ({float(loss)}, {float(norm)})")
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return {key: float(value) for key, value in metrics.items()}
+
+    def full_tensors(self):
+        yield from self.module.state_dict().items()
+
+    def save(self, path):
+        torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}, path / "own.pt")
+
+    def load(self, path):
+        state = torch.load(path / "own.pt")
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def make_own_workers(config):
+    from nanoverl_core import Workers
+
+    tokenizer = CharTokens()
+    return Workers(tokenizer, OwnActor(config, vocab=2 + len(tokenizer.chars)))
+
+
+def test_an_outside_actor_from_the_docs_passes_check_actor_and_trains_20_steps(tmp_path):
+    from nanoverl_core import load_config, load_registry
+    from nanoverl_core.testing import check_actor, check_rollout, prompt_batch, without_machine_metrics
+    from nanoverl_core.trainer.trainer import Trainer
+
+    registry = load_registry()
+    registry.add("worker", "own", make_own_workers, "an outside backend")
+    config = load_config(REINFORCE, [f"trainer.output_dir={tmp_path}", "worker.name=own", "rollout.name=debug",
+                                     "trainer.total_steps=20", "trainer.val_every=10", "trainer.save_every=10",
+                                     "trainer.progress=none", "tracking.trackers=[jsonl]"], registry=registry)
+    workers = make_own_workers(config)
+    torch.manual_seed(0)
+    batch = prompt_batch(workers.tokenizer, ["12:", "345:"], n=2)
+    batch.update(check_rollout(registry.get("rollout", "debug")(config, workers), batch, max_new_tokens=4))
+    check_actor(workers.actor, batch)                      # the contract check a backend author runs
+    Trainer(config, registry).fit()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 21)) and "val/reward/mean" in rows[-1]
+    assert all(math.isfinite(v) for r in rows for v in without_machine_metrics(r).values())
+    assert (tmp_path / "checkpoints").is_dir()

@@ -157,7 +157,8 @@ def save_checkpoint(root: Path, step: int, workers, state: dict[str, Any], keep:
     try:
         if is_rank0():
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            for part in ("actor", *(("critic",) if workers.critic is not None else ())):
+                (tmp / part).mkdir(parents=True)                 # each worker writes into its own folder
         barrier()
         workers.actor.save(tmp / "actor")
         if workers.critic is not None:
