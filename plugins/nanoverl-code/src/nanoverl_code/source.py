@@ -83,3 +83,11 @@ class CodeTasksSource:
 
 def make_source(config) -> CodeTasksSource:
     return CodeTasksSource(config.data.settings)
+
+
+def check_config(config) -> None:
+    """The validation rows can be drawn (enough different tasks for val_size): else one ConfigError."""
+    CodeTasksSource(config.data.settings).rows("val", 0)
+
+
+make_source.check_config = check_config
