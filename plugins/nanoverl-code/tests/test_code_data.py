@@ -159,7 +159,7 @@ def test_too_many_validation_tasks_for_the_kinds_is_one_line_before_anything_is_
                               "data.train_files=[]", "data.val_files=[]", "reward.name=code",
                               "data.code_tasks.tasks=[long_words]", "data.code_tasks.val_size=100",
                               f"trainer.output_dir={tmp_path / 'run'}"),
-                      "[data.code_tasks] the kinds long_words gave only 30 of 100 val tasks", "lower size / val_size")
+                      "[data.code_tasks] the kinds long_words gave only 30 of 100 different validation tasks", "lower size / val_size")
     assert not (tmp_path / "run").exists()
 
 

@@ -76,9 +76,9 @@ class CodeTasksSource:
                                         "solution": task.solution}})
         if len(rows) == count:
             return rows
+        apart = "different validation tasks" if distinct else f"{split} tasks that are not validation tasks"
         raise ConfigError(f"[data.code_tasks] the kinds {', '.join(self.kinds)} gave only {len(rows)} of {count} "
-                          f"{split} tasks that differ from the validation tasks; lower size / val_size or add kinds "
-                          "(tasks, difficulty)")
+                          f"{apart}; lower size / val_size or add kinds (tasks, difficulty)")
 
 
 def make_source(config) -> CodeTasksSource:

@@ -64,8 +64,8 @@ def affine(rng: Random) -> Spec:
 def each(rng: Random) -> Spec:
     op = rng.choice(("+", "-", "*"))
     k = rng.randint(2, 9) if op == "*" else rng.randint(1, 30)
-    what = {"+": f"{k} added to", "-": f"{k} subtracted from", "*": f"{k} times"}[op]
-    return Spec("each(xs)", f"returns a new list with {what} every number of the list xs",
+    word = {"+": "plus", "-": "minus", "*": "times"}[op]
+    return Spec("each(xs)", f"returns the list of every number of the list xs {word} {k}, in the same order",
                 f"return [x {op} {k} for x in xs]", lambda r: [_ints(r)])
 
 
