@@ -123,10 +123,12 @@ def math(session):
 @nox.session(python="3.11")
 def code(session):
     """nanoverl-code: the code reward's layouts and verdicts, its settings through the CLI and the reward pool,
-    and the hostile catalogue (programs that attack the sandbox, the grader, the host and the parent)."""
-    _setup(session, "code")
+    the hostile catalogue (programs that attack the sandbox, the grader, the host and the parent), HumanEval's
+    rows and the code_tasks source (a short run on the hf worker with a tiny model: hf and grpo)."""
+    _setup(session, "hf", "grpo", "code")
     _pytest(session, "plugins/nanoverl-code/tests")
-    _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [reward.code]'s keys
+    _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [reward.code]'s keys and
+                                                                 # [data.code_tasks]'s
 
 
 TENSORBOARD_DEPS = ["tensorboard>=2.14"]

@@ -17,9 +17,9 @@ truth that is a dict (or a JSON object in a string):
                   that is a list of lines is joined with newlines
     call-based    the same with "fn_name": inputs[i] is the argument list, outputs[i] the return value
                   (or [return value], as APPS writes it); a top-level function or a method of class Solution
-    HumanEval     "test" (defining check(candidate)) and "entry_point"; a code "prompt" is put before a
-                  program that does not define the entry point (a completion of the signature), and is run
-                  by the checker too, for the helpers the tests call
+    HumanEval     "test" (defining check(candidate)) and "entry_point"; a code "prompt" is put before the
+                  program (a whole function replaces the prompt's signature, anything else is its body:
+                  with_prompt), and is run by the checker too, for the helpers the tests call
     MBPP          "test_list" (assert statements, each a test case), with "test_setup_code" and
                   "test_imports" run by the checker first
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from typing import Any
 
 from nanoverl_core.errors import RewardError
@@ -165,7 +166,21 @@ def verdicts(tests: dict[str, Any], outcomes: list[Outcome], compare: str) -> li
 
 
 def _defines(program: str, name: str) -> bool:
-    return re.search(rf"^\s*def\s+{re.escape(name)}\s*\(", program, re.MULTILINE) is not None
+    """A top-level (flush-left) definition of `name`."""
+    return re.search(rf"^def\s+{re.escape(name)}\s*\(", program, re.MULTILINE) is not None
+
+
+def with_prompt(program: str, prompt: str, entry: str) -> str:
+    """A HumanEval program joined to its code prompt, so that the tests see one complete definition either
+    way. A whole function (a top-level `def <entry>(`) comes after the prompt: it replaces the prompt's
+    docstring-only definition, and the prompt's imports and helpers stay. Anything else is the function's
+    body and continues the signature (indented by four spaces first when its first line is flush left)."""
+    if _defines(program, entry):
+        return prompt.rstrip("\n") + "\n\n\n" + program
+    first = next((line for line in program.splitlines() if line.strip()), "")
+    if first and not first[0].isspace():
+        program = textwrap.indent(program, "    ")
+    return (prompt if prompt.endswith("\n") else prompt + "\n") + program
 
 
 def score_row(response: str, sample: dict, settings: CodeSettings
@@ -178,8 +193,8 @@ def score_row(response: str, sample: dict, settings: CodeSettings
     metrics = dict.fromkeys(METRICS, 0.0)
     if not program.strip():
         return {"score": 0.0, **metrics, "no_code": 1.0}, [], []
-    if tests.get("prefix") and tests.get("entry") and not _defines(program, tests["entry"]):
-        program = tests["prefix"] + program
+    if tests.get("prefix") and tests.get("entry"):
+        program = with_prompt(program, tests["prefix"], tests["entry"])
     outcomes = run_tests(program, tests["mode"], tests["tests"], settings.limits, settings.sandbox, settings.python,
                          setup=tests.get("setup", ""), entry=tests.get("entry", ""), fn_name=tests.get("fn_name", ""))
     kinds = verdicts(tests, outcomes, settings.compare)

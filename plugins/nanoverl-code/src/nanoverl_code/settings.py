@@ -11,7 +11,7 @@ from typing import Literal
 
 import attrs
 
-from nanoverl_core.config import above, at_least
+from nanoverl_core.config import above, at_least, between
 
 from .sandbox import Limits, probe
 
@@ -79,3 +79,40 @@ class CodeSettings:
     def limits(self) -> Limits:
         return Limits(self.cpu_s, self.memory_mb, self.wall_s, self.max_output_bytes, self.processes,
                       self.file_size_mb, self.open_files, self.disk_mb)
+
+
+def _task_names(_instance, _attribute, value: list[str]) -> None:
+    import difflib
+
+    from .tasks import KINDS
+    for i, name in enumerate(value):
+        if name not in KINDS:
+            close = difflib.get_close_matches(name, list(KINDS), n=1, cutoff=0.0)
+            raise ValueError(f"entry {i}, {name!r}, is not a task kind; did you mean {close[0]!r}? (the kinds: "
+                             f"{', '.join(KINDS)})")
+
+
+@attrs.define
+class CodeTasksSettings:
+    """[data.code_tasks]: the generated programming tasks of the data source `code_tasks` (source.py)."""
+
+    difficulty: int = attrs.field(default=1, validator=between(1, 3))
+    """The level of the task kinds drawn: 1 one operation (x * 3 + 1, the first k characters, the largest
+    number), 2 a condition or two operations (the sum of the multiples of k, a clamp, a quadratic), 3 a loop
+    with state or a rule in several parts (a digit sum, a Caesar shift, fizz); unused when `tasks` is set."""
+    tasks: list[str] = attrs.field(factory=list, validator=_task_names)
+    """The task kinds drawn, each equally often, whatever their level (e.g. ["affine", "clamp"]); empty: every
+    kind of `difficulty` (nanoverl_code/tasks.py: KINDS)."""
+    size: int = attrs.field(default=1000, validator=at_least(1))
+    """Training rows per epoch (fresh rows every epoch, drawn from (seed, epoch))."""
+    seed: int = attrs.field(default=0, validator=between(0, 2**32 - 1))
+    """Seed of the training rows."""
+    val_size: int = attrs.field(default=100, validator=at_least(0))
+    """Validation rows, each a different task (0: no validation); a training row with a validation row's
+    question is skipped."""
+    val_seed: int = attrs.field(default=1, validator=between(0, 2**32 - 1))
+    """Seed of the validation rows (its own stream, whatever seed is)."""
+    tests: int = attrs.field(default=5, validator=between(1, 20))
+    """Test cases per row (call-based: arguments and the reference solution's return value)."""
+    instruction: str = "Reply with the function in one ```python code block."
+    """Put after the task's question in the user message ("": the question alone)."""
