@@ -147,12 +147,12 @@ class Registry:
         extra = FIRST_PARTY.get((kind, name))
         dist = f"nanoverl-{extra.partition('[')[0]}" if extra else ""
         variable = self.excluded.get("nanoverl-hf" if extra == "lora" else dist)
-        if variable:  # installed, but the plugin variables leave it out: pip cannot help
-            msg += (f"; it is provided by {dist}, which is installed but left out by {variable}="
-                    f"{os.environ.get(variable, '')!r}; {'add it to' if variable.endswith('LOAD_PLUGINS') else 'remove it from'} "
-                    f"{variable}")
-        elif extra:
+        if extra:
             msg += f"; it is provided by nanoverl-{extra}: {install_hint(extra)}"
+        if variable:  # installed, but the plugin variables leave it out: that is the fix
+            fix = "add it to" if variable.endswith("LOAD_PLUGINS") else "remove it from"
+            msg += (f"; here {dist}, which is installed but left out by {variable}={os.environ.get(variable, '')!r}, "
+                    f"is what is missing: {fix} {variable}")
         raise PluginError(msg)
 
     def get(self, kind: str, name: str, key: str | None = None) -> Any:

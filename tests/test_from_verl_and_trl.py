@@ -6,8 +6,6 @@ works from this checkout.
 
 from __future__ import annotations
 
-import importlib.util
-
 import json
 
 import pytest
@@ -107,9 +105,6 @@ def test_nanoverl_train_runs_without_config_and_eval_finds_step_2(tmp_path):
 
 
 def test_a_missing_first_party_plugin_names_the_checkout_install():
-    if importlib.util.find_spec("nanoverl_hf") is not None:  # installed: the variable is what leaves it out
-        pytest.skip("nanoverl-hf is installed here (nox's core session has it missing; tests/test_user_errors.py "
-                    "checks the line for a plugin that NANOVERL_DISABLE_PLUGINS leaves out)")
     proc = run_cli("--config", str(EXAMPLES / "debug_reinforce.toml"), "--dry-run", "worker.name=hf",
                    env=cli_env(NANOVERL_DISABLE_PLUGINS="nanoverl-hf"))
     assert_user_error(proc, 'pip install "nanoverl[hf]"', 'from this checkout: pip install -e "plugins/nanoverl-hf"')
