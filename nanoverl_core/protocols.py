@@ -248,8 +248,10 @@ class MakeRollout(Protocol):
       * ``check_config``: ``check_config(config) -> None`` raises ConfigError before any model loads,
         as the worker factory's.
       * ``log_probs``, a field of the rollout's settings (``[rollout.<name>] log_probs``): whether the
-        rollout it builds will return ``rollout_log_probs``; ``--dry-run``'s step plan reads it (the built
-        rollout's ``returns_log_probs`` decides the run's).
+        rollout it builds will return ``rollout_log_probs``; ``--dry-run``'s step plan and the checks
+        before a run starts read it, and a rollout without the field is taken to return none (rollout
+        correction is refused before anything is written). The built rollout's ``returns_log_probs``
+        must agree; the run checks it again.
     """
 
     def __call__(self, config: Config, workers: Workers) -> Rollout: ...

@@ -119,9 +119,12 @@ def test_path_keys_of_the_wrong_kind_exit_2_before_anything_is_written(tmp_path)
         assert_user_error(run_cli("--config", REINFORCE, *FAST, *overrides, f"trainer.output_dir={tmp_path / 'run'}"),
                           *needles)
     assert not (tmp_path / "run").exists()
-    # a name the OS refuses to look up (ENAMETOOLONG from stat) is not a wrong kind: the reader reports it
-    too_long = run_cli("--config", REINFORCE, "--dry-run", "model.path=" + "x" * 5000, "data.val_files=[" + "y" * 5000 + "]")
+    # a name the OS refuses to look up (ENAMETOOLONG from stat) is not a wrong kind: the reader reports it (the
+    # dry-run reads the data as the run does; it loads no model)
+    too_long = run_cli("--config", REINFORCE, "--dry-run", "model.path=" + "x" * 5000)
     assert too_long.returncode == 0, too_long.stderr[-2000:]
+    assert_user_error(run_cli("--config", REINFORCE, "--dry-run", "data.val_files=[" + "y" * 5000 + "]"),
+                      "data.val_files", "cannot be opened")
 
 
 # ---- model --------------------------------------------------------------------------------------

@@ -154,6 +154,18 @@ def test_a_validation_file_that_cannot_be_read_names_its_key(tmp_path):
     data = tmp_path / "val.jsonl"
     data.write_bytes(b'{"prompt": "1\xff"}\n')
     refused(tmp_path, train(tmp_path, f"data.val_files=[{data}]"), "data.val_files", "val.jsonl", "not UTF-8")
+    refused(tmp_path, dry(tmp_path, f"data.val_files=[{data}]"), "data.val_files", "val.jsonl", "not UTF-8")
+
+
+def test_a_dry_run_reads_the_validation_rows_the_run_needs(tmp_path):
+    """The run reads the validation rows before its first step, so the dry-run does: a name the OS refuses,
+    and trainer.eval_before_after with no validation rows, are refused by both."""
+    too_long = f"data.val_files=[{tmp_path / ('y' * 300)}.jsonl]"
+    for args in (dry(tmp_path, too_long), train(tmp_path, too_long)):
+        refused(tmp_path, args, "data.val_files", "cannot be opened", "fix the path")
+    for args in (dry(tmp_path, "data.val_files=[]", "trainer.eval_before_after=true"),
+                 train(tmp_path, "trainer.eval_before_after=true")):
+        refused(tmp_path, args, "trainer.eval_before_after = true", "data.val_files", "eval_before_after = false")
 
 
 # ---- 6. errors from inside a library ----------------------------------------------------------------

@@ -59,11 +59,11 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
 def check_before_start(config: Config, plugins: dict[str, Any]) -> None:
     """What a training run checks before it writes anything, and --dry-run checks too (a dry-run that passes
     means the run starts): the checkpoint trainer.resume names, and rollout correction with a rollout whose
-    settings say it returns no log-probs (`[rollout.<name>] log_probs = false`)."""
+    settings say it returns no log-probs (`[rollout.<name>] log_probs = false`, or no such setting)."""
     from .checkpoint import checkpoint_root, resume_target
 
     resume_target(config.trainer.resume, checkpoint_root(config.trainer.output_dir))
-    if not rollout_log_probs(config) and hasattr(config.rollout.settings, "log_probs"):
+    if not rollout_log_probs(config):  # one that does is checked on the built rollout (its truncation warning once)
         check_rollout_log_probs(config, None)
 
 
@@ -177,12 +177,21 @@ def epoch_schedule(config: Config, make_source) -> dict[str, Any]:
     counts them after data.max_prompt_length, and for a generated source the validation prompts, drop some)."""
     source = make_source(config)
     rows = sum(1 for _ in source.rows("train", 0))
+    check_val_rows(config, len(source.rows("val", 0)))  # the run reads them before its first step too
     per_epoch = rows // config.data.batch_size
     if per_epoch == 0:                                  # the run's sampler refuses this too, before its first step
         raise DataError(f"data.batch_size = {config.data.batch_size} but the training data has only {rows} prompts; "
                         f"lower data.batch_size or add data{'' if rows else ' (the data source gave no training rows)'}")
     return {"total_epochs": config.trainer.total_epochs, "train_rows": rows, "steps_per_epoch": per_epoch,
             "total_steps": config.trainer.total_epochs * per_epoch}
+
+
+def check_val_rows(config: Config, rows: int) -> None:
+    """trainer.eval_before_after needs validation rows."""
+    if not rows and config.trainer.eval_before_after:
+        raise ConfigError(f"trainer.eval_before_after = true evaluates on the validation rows, but data.source = "
+                          f"{config.data.source!r} gives none; give it validation rows (data.val_files, or the "
+                          f"source's [data.{config.data.source}] settings) or set trainer.eval_before_after = false")
 
 
 def check_rollout_log_probs(config: Config, rollout) -> None:

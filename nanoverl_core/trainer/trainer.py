@@ -35,7 +35,7 @@ from ..batch import RLBatch, derive_loss_mask, is_episodes
 from ..config import Config
 from ..data import PromptLoader, load_split
 from ..dist import is_rank0, seed_everything, shard_rollout
-from ..errors import CheckpointError, ConfigError, NonFiniteError, RolloutError
+from ..errors import CheckpointError, NonFiniteError, RolloutError
 from ..plugins import Registry
 from ..rollout import SamplingParams, check_rollout_columns
 from ..workers import compile_metrics
@@ -47,8 +47,8 @@ from .checkpoint import (changed_config, checkpoint_root, complete_checkpoints, 
                          write_run_config)
 from .baseline import greedy_baseline
 from .plan import plan_step
-from .resolve import (build_rollout, build_workers, check_before_start, check_rollout_log_probs, prompt_tools,
-                      resolve_plugins)
+from .resolve import (build_rollout, build_workers, check_before_start, check_rollout_log_probs, check_val_rows,
+                      prompt_tools, resolve_plugins)
 from .validation import eval_before_after, validate
 
 
@@ -99,10 +99,8 @@ class Trainer:
         tools = prompt_tools(plugins)                                              # a tool environment's
         source = plugins["data_source"](cfg)                                      # data.source: files or a generator
         self.val_data = load_split(source, "val", cfg.data, self.tokenizer, tools=tools)
-        if self.val_data is None and cfg.trainer.eval_before_after:
-            raise ConfigError(f"trainer.eval_before_after = true evaluates on the validation rows, but data.source = "
-                              f"{cfg.data.source!r} gives none; give it validation rows (its [data.{cfg.data.source}] "
-                              "settings) or set trainer.eval_before_after = false")
+        if self.val_data is None:
+            check_val_rows(cfg, 0)
         self.loader = PromptLoader(source, cfg.data, self.tokenizer, cfg.trainer.seed, tools=tools,
                                    exclude=frozenset(self.val_data.texts if self.val_data else ()))
         self.sampler = self.loader.sampler                                        # its state goes into checkpoints

@@ -90,6 +90,17 @@ NO_GRPO = "algorithm.advantage_estimator=reinforce_plus_plus"
 """The tiny config without nanoverl-grpo's estimator (the hf session runs without that plugin)."""
 
 
+def test_rollout_correction_with_the_hf_rollout_is_refused_by_the_dry_run_as_by_the_run(tmp_path):
+    """The hf rollout declares no `log_probs` setting, so it returns none: the dry-run refuses what the run
+    refuses, before anything is written."""
+    args = ["--config", "examples/configs/tiny_grpo.toml", NO_GRPO, f"trainer.output_dir={tmp_path / 'run'}",
+            "algorithm.rollout_correction.is_level=token"]
+    for run in (train(*args, "--dry-run"), train(*args)):
+        line = one_error_line(run)
+        assert "algorithm.rollout_correction.is_level = 'token'" in line and "rollout.name = 'hf'" in line, line
+        assert not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """Two GRPO-free (REINFORCE++) steps of the tiny copy task with the hf worker, checkpointed."""
