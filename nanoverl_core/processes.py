@@ -98,6 +98,59 @@ def resident_mib() -> float | None:
         return None
 
 
+def peak_resident_mib(pid: int | str = "self", *, reset: bool = True) -> float | None:
+    """A process's peak resident memory (VmHWM) in MiB since it started or since the last reset; `reset`
+    starts a new peak from what it holds now (Linux: writing 5 to /proc/PID/clear_refs). None where there
+    is no /proc, or the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            peak = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    if reset:
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:  # not ours to reset (another user's, or gone): the peak since it started
+            pass
+    return peak
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every living process below `pid` (default: this one), from /proc's parent links ([] without /proc)."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])   # the name, in parentheses, may hold spaces
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [os.getpid() if pid is None else pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def step_peaks_mib() -> dict[str, float]:
+    """The peak resident memory since the last call, of this process and summed over its living descendants
+    (reward and environment workers, an inference engine's processes): `perf/peak_rss_mib`,
+    `perf/children_peak_rss_mib` (the sum of each one's own peak: at least their peak together), and
+    `perf/children` (how many). Each call starts the next peaks."""
+    own = peak_resident_mib()
+    if own is None:
+        return {}
+    children = [peak for pid in descendants() if (peak := peak_resident_mib(pid)) is not None]
+    return {"perf/peak_rss_mib": own, "perf/children_peak_rss_mib": sum(children), "perf/children": len(children)}
+
+
 # ---- in a worker process ---------------------------------------------------------------------------------
 Handler = Callable[[tuple], tuple[Any, bool]]
 """What a worker runs each call with: call -> (answer, spent); spent asks for a fresh worker after this

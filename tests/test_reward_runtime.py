@@ -245,3 +245,19 @@ def test_a_batched_reward_that_dies_or_hangs_costs_its_step_not_the_run(tmp_path
     proc = run_cli(*args, "reward.on_error=raise", env=env, timeout=300)
     assert_user_error(proc, "on data row 2", "the batched call of 4 rows", "reward.on_error=zero")
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_000001"]
+
+
+def test_each_step_logs_the_peak_memory_of_the_trainer_and_its_worker_processes(tmp_path):
+    """perf/peak_rss_mib is the trainer's peak during the step, perf/children_peak_rss_mib the sum of its
+    children's: two reward workers that each hold 150 MiB are counted in it, every step."""
+    reward = tmp_path / "holding.py"
+    reward.write_text("HELD = bytearray(150 * 2**20)\n\ndef compute_score(prompt, response, sample):\n"
+                      "    HELD[::4096] = b'1' * len(HELD[::4096])  # touched: resident\n    return 1.0\n")
+    run = tmp_path / "run"
+    proc = run_cli("--config", REINFORCE, *BASE, "trainer.total_steps=2", "trainer.save_every=0", "data.val_files=[]",
+                   "reward.memory_limit_mb=1000", f"reward.file={reward}", f"trainer.output_dir={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in read_metrics(run):
+        assert row["perf/children"] >= 2, row
+        assert row["perf/children_peak_rss_mib"] >= 2 * 150, row
+        assert row["perf/peak_rss_mib"] >= row["perf/rss_mib"] > 0, row

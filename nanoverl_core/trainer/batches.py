@@ -14,7 +14,7 @@ import torch
 from ..algos import masked_mean, uniform_groups
 from ..batch import RLBatch, is_episodes
 from ..env import episode_metrics
-from ..processes import resident_mib
+from ..processes import resident_mib, step_peaks_mib
 
 
 @contextmanager
@@ -76,6 +76,7 @@ def batch_metrics(batch: RLBatch, timing: dict[str, float], metrics: dict[str, f
     out = {"throughput/tokens_per_s": metrics["rollout/tokens"] / max(timing["step"], 1e-9)}
     if (rss := resident_mib()) is not None:                 # the trainer process, at the step's end
         out["perf/rss_mib"] = rss
+    out.update(step_peaks_mib())                            # the step's peaks: the trainer, and its children summed
     if "values" in batch:
         out["critic/values/mean"] = float(masked_mean(batch["values"], batch["loss_mask"]))
         out["critic/returns/mean"] = float(masked_mean(batch["returns"], batch["loss_mask"]))
