@@ -150,6 +150,15 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
+def isa() -> str:
+    """The widest of the CPU features that decide the matmul kernels (avx512_bf16, avx512f, avx2)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    return next((name for name in ("avx512_bf16", "avx512f", "avx2") if name in flags), "other")
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, in MiB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -30,16 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import build_model, gemm_gflops, machine, median, nanoverl_config, tmpdir  # noqa: E402
-
-
-def isa() -> str:
-    """The widest of the CPU features that decide the matmul kernels."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    return next((name for name in ("avx512_bf16", "avx512f", "avx2") if name in flags), "other")
+from common import build_model, gemm_gflops, isa, machine, median, nanoverl_config, tmpdir  # noqa: E402
 
 
 def mixed_batch(tokenizer, prompts: int, n: int, min_len: int, max_len: int, seed: int = 0):

@@ -126,6 +126,19 @@ def test_memory_stays_flat_with_micro_batches():
     assert summary["micro_8"]["step_peak_growth"] <= 1.10 and summary["flat"]
 
 
+def test_memory_components_splits_a_run_with_a_reward_worker_and_a_critic():
+    """The tiny task with PPO and a critic: each model's weights, the optimizer's state (AdamW: twice the
+    actor's parameters), the step's peak and the reward worker processes' are reported."""
+    (row,) = run("memory_components.py", "--config", "examples/configs/tiny_ppo.toml", "--steps", "2",
+                 "reward.workers=1", "trainer.num_threads=1")
+    assert set(row["weights"]) == {"actor", "critic"} and row["weights"]["actor"] > 0
+    for part in ("actor", "critic"):
+        assert row["optimizer_state"][part] == pytest.approx(2 * row["weights"][part], rel=0.05)
+    assert row["step_peak"] >= row["built"] - 50 and row["children_peak"] > 0        # one reward worker process
+    assert row["total_peak"] == pytest.approx(row["step_peak"] + row["children_peak"], abs=0.2)
+    assert row["isa"] and row["libraries"] > 0
+
+
 def test_update_memory_reports_both_paths_at_both_response_lengths_under_one_budget():
     *rows, timing, summary = run("memory_flat.py", "--update", "--model", "tiny", "--response-lengths", "4", "8",
                                  "--prompt-length", "4", "--rows", "4", "--budget", "32", "--repeats", "1")
