@@ -86,7 +86,7 @@ def measure(name: str, model: Path, tmp: Path, args) -> dict:
                 out = engine.generate(batch, single_params) if kind == "single" else \
                     episodes.generate(batch, episode_params)
                 elapsed = time.perf_counter() - start
-                mask = out["loss_mask"] if "loss_mask" in out else out["response_mask"]
+                mask = out["model_mask"] if "model_mask" in out else out["response_mask"]   # the model's tokens
                 tokens[kind] = int(mask.sum())
                 if rep:
                     times[kind].append(elapsed)
