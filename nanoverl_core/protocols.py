@@ -148,8 +148,8 @@ class Rollout(Protocol):
         engine; a row's prompt begins with its episode's prompt and response of the previous call. Inside it
         the engine may keep each key's KV cache from one call to the next and prefill only the new tokens (the
         environment's answer), sampling as it would from the whole prompt; it frees what it kept on exit.
-        Without it every turn's prompt is the whole conversation (vLLM finds it in its prefix cache; the `hf`
-        rollout keeps its caches: nanoverl_hf.rollout).
+        An engine without it prefills each turn's whole prompt (vLLM finds it in its prefix cache); the `hf`
+        rollout keeps its caches (nanoverl_hf.rollout).
     """
 
     returns_log_probs: bool
