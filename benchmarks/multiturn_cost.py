@@ -3,6 +3,7 @@
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/multiturn_cost.py                        # hf rollout, 10m model
     HF_HUB_OFFLINE=1 .venv-vllm/bin/python benchmarks/multiturn_cost.py --rollouts hf vllm
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/multiturn_cost.py --model tiny --rows 4 --turn-tokens 4 --reps 1
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/multiturn_cost.py --set rollout.hf.turn_cache=false
 
 One JSON line per rollout. Both contenders sample `--rows` rows at temperature 1 with the same rollout
 and weights: "single" asks for `3 x --turn-tokens` new tokens at once; "episodes" runs
@@ -11,11 +12,13 @@ environment answering each of the first two turns with a short text ("=7"). The 
 benchmarks/common.py, a 4,014-character vocabulary) almost never samples EOS, so both generate the same
 number of model tokens (reported: model_tokens). Rounds alternate between the two (`--reps` each,
 after one warm-up each); reported are the median wall times and `ratio` = episodes / single.
+`--set section.key=value` adds config overrides (reported: set).
 
 What it measures: the rollout's extra work per turn. Each turn is one generate call, so the
-conversation so far is a new prompt: the `hf` rollout prefills it again (one batched forward over
-the context; decode steps, one forward per token, are most of the time), vLLM finds it in its prefix
-cache. Plus three calls' fixed costs instead of one.
+conversation so far is a new prompt: the `hf` rollout keeps each episode's KV cache from the turn
+before and prefills only the new tokens (`[rollout.hf] turn_cache = false`: it prefills the whole
+context again, one batched forward over it), vLLM finds the prefix in its prefix cache. Plus three
+calls' fixed costs instead of one; decode steps, one forward per token, are most of the time.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def contenders(name: str, model: Path, tmp: Path, args):
     cfg = load_config(None, [f"data.train_files=[{data}]", f"model.path={model}", "worker.name=hf",
                              f"rollout.name={name}", "trainer.device=cpu", "data.batch_size=1",
                              f"rollout.max_new_tokens={total}", "data.max_prompt_length=32", "environment.max_turns=3",
-                             f"environment.max_turn_tokens={args.turn_tokens}"], registry=load_registry())
+                             f"environment.max_turn_tokens={args.turn_tokens}", *args.set], registry=load_registry())
     workers = make_workers(cfg)
     if name == "vllm":
         from nanoverl_vllm.rollout import VLLMRollout
@@ -86,7 +89,7 @@ def measure(name: str, model: Path, tmp: Path, args) -> dict:
                 out = engine.generate(batch, single_params) if kind == "single" else \
                     episodes.generate(batch, episode_params)
                 elapsed = time.perf_counter() - start
-                mask = out["loss_mask"] if "loss_mask" in out else out["response_mask"]
+                mask = out["model_mask"] if "model_mask" in out else out["response_mask"]   # the model's tokens
                 tokens[kind] = int(mask.sum())
                 if rep:
                     times[kind].append(elapsed)
@@ -94,7 +97,7 @@ def measure(name: str, model: Path, tmp: Path, args) -> dict:
         engine.close()
     single, multi = median(times["single"]), median(times["episodes"])
     return {"benchmark": "multiturn_cost", "rollout": name, "rows": args.rows, "turn_tokens": args.turn_tokens,
-            "model_tokens": tokens, "single_s": round(single, 4), "episodes_s": round(multi, 4),
+            "set": args.set, "model_tokens": tokens, "single_s": round(single, 4), "episodes_s": round(multi, 4),
             "ratio": round(multi / single, 3), "single_s_all": [round(t, 4) for t in times["single"]],
             "episodes_s_all": [round(t, 4) for t in times["episodes"]]}
 
@@ -106,6 +109,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--turn-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--set", nargs="*", default=[], metavar="section.key=value", help="more config overrides")
     args = parser.parse_args()
     tmp = tmpdir("nanoverl-bench-multiturn-")
     model = build_model(args.model, tmp / args.model)          # tiny: hf only (vLLM's CPU attention needs head_dim 32)

@@ -143,6 +143,13 @@ class Rollout(Protocol):
       * ``awake``: a context manager the multi-turn driver (nanoverl_core.env.EpisodeRollout) holds around
         one batch of episodes, so an engine that frees memory after each `generate` (vLLM's sleep mode)
         stays up across the turns.
+      * ``turn_cache``: a context manager the multi-turn driver holds around one batch of episodes (inside
+        ``awake``). Each turn's batch carries ``episode_key`` (B,) int64, one value per episode, whichever the
+        engine; a row's prompt begins with its episode's prompt and response of the previous call. Inside it
+        the engine may keep each key's KV cache from one call to the next and prefill only the new tokens (the
+        environment's answer), sampling as it would from the whole prompt; it frees what it kept on exit.
+        An engine without it prefills each turn's whole prompt (vLLM finds it in its prefix cache); the `hf`
+        rollout keeps its caches (nanoverl_hf.rollout).
     """
 
     returns_log_probs: bool

@@ -7,6 +7,11 @@ engine sampled exactly (token-out), gives the environment the turn, and appends 
 answer rendered once (env/render.py). Nothing is re-tokenised, so the trainer trains on the very
 ids the sampler produced, and the engine's log-probs stay aligned with them.
 
+Each turn's batch carries `episode_key` (B,) int64, one value per episode. An engine with a `turn_cache`
+context manager (the `hf` rollout) is held in it for the batch of episodes, and may keep each episode's KV
+cache from one turn to the next and prefill only the new tokens (nanoverl_core.protocols.Rollout); any other
+engine gets the whole conversation as its prompt each turn (vLLM finds it in its prefix cache).
+
 An episode ends when the environment says done, after `environment.max_turns` model turns, or when
 the response budget (`rollout.max_new_tokens`, model and environment tokens together) runs out; then
 it is `truncated`. It always ends with a model turn: the environment's answer to the last turn is
@@ -111,9 +116,10 @@ class EpisodeRollout:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompts"], batch["prompt_mask"])]
         episodes = [Episode(prompt, next(self.keys)) for prompt in prompts]
         awake = getattr(self.engine, "awake", nullcontext)     # an engine that sleeps after each call stays up
+        turn_cache = getattr(self.engine, "turn_cache", nullcontext)   # one that keeps KV caches frees them after
         started = self._round(batch, episodes, {i: ("start", batch["row"][i]) for i in range(len(episodes))}, "start")
         try:
-            with awake():
+            with awake(), turn_cache():
                 self._run(batch, episodes, params)
         finally:
             self._round(batch, episodes, {i: ("close", None) for i in started}, "close")
@@ -135,7 +141,7 @@ class EpisodeRollout:
                 self._answer(batch, i, episodes[i], step, turn)
 
     def _turn_batch(self, batch: RLBatch, episodes: list[Episode], live: list[int], turn: int) -> RLBatch:
-        """The live rows, each episode's ids so far as its (left-padded) prompt."""
+        """The live rows, each episode's ids so far as its (left-padded) prompt, and its key."""
         contexts = [episodes[i].prompt + episodes[i].tokens for i in live]
         width = max(len(c) for c in contexts)
         ids = torch.full((len(live), width), self.tokenizer.pad_token_id, dtype=torch.long)
@@ -145,6 +151,7 @@ class EpisodeRollout:
             mask[row, width - len(context):] = 1
         sub = batch.index(live)
         sub["prompts"], sub["prompt_mask"] = ids, mask
+        sub["episode_key"] = torch.tensor([episodes[i].key for i in live])
         if "sample_seed" in sub:
             sub["sample_seed"] = sub["sample_seed"] + turn * SEED_STRIDE
         return sub

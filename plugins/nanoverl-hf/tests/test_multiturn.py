@@ -1,5 +1,6 @@
 """Multi-turn episodes through the `hf` rollout: the trained ids are the sampler's, bit for bit, under a chat
-template that rewrites earlier turns; tool prompts; the multi-turn copy task learns."""
+template that rewrites earlier turns; the KV cache kept across turns samples what re-prefilling samples; tool
+prompts; the multi-turn copy task learns."""
 
 from __future__ import annotations
 
@@ -95,6 +96,88 @@ def test_hf_episode_tokens_are_the_samplers_under_a_template_that_rewrites_earli
         rerendered = rerendered["input_ids"] if isinstance(rerendered, dict) else list(rerendered)
         rewritten += rerendered[-n:] != expected
     assert rewritten >= 2, "the template should have rewritten some earlier turns"
+
+
+class AnswersFor:
+    """Answers every turn with "|7=" and ends the episode after the row's "turns" turns."""
+
+    def __init__(self, row):
+        self.turns = row["turns"]
+
+    def step(self, turn):
+        return EnvStep(observation=[{"role": "tool", "content": "7"}], reward=1.0, done=turn.index + 1 >= self.turns)
+
+
+def test_hf_episodes_keep_the_kv_cache_across_turns_and_sample_the_ids_a_full_prefill_samples(rewriting_dir,
+                                                                                               make_config):
+    """The rollout's kept KV cache against `[rollout.hf] turn_cache = false` (each turn's prompt prefilled whole)
+    on the same module: the same ids, masks and rewards for the same seed, with episodes ending after 1 to 4
+    turns (rows drop out between turns) and micro-batches of 3 that regroup the rows every turn; no forward of
+    the kept-cache run is fed more columns than the prompts or a turn's new tokens; nothing is kept after."""
+    overrides = ("environment.name=answers", "environment.max_turns=4", "environment.max_turn_tokens=5",
+                 "rollout.max_new_tokens=40", "rollout.micro_batch_size=3")
+    config = make_config(rewriting_dir, *overrides)
+    workers = make_workers(config)
+    tok = workers.tokenizer
+    engine = HFRollout(config, workers)
+    whole = HFRollout(make_config(rewriting_dir, *overrides, "rollout.hf.turn_cache=false"), workers)
+    assert engine.module is whole.module
+    batch = prompt_batch(tok, [":12=", ":345=", ":6=", ":78="] * 2)
+    batch["index"], batch["row"] = list(range(8)), [{"turns": 1 + i % 4} for i in range(8)]
+    answer = tok.encode("|7=", add_special_tokens=False)
+    fed: list[int] = []
+    hook = engine.module.register_forward_pre_hook(
+        lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)   # columns fed
+    outs, widest = {}, {}
+    try:
+        for name, rollout_engine in (("kept", engine), ("prefilled", whole)):
+            rollout = EpisodeRollout(rollout_engine, InProcess(AnswersFor, None, 0), config, tok, name="answers")
+            fed.clear()
+            torch.manual_seed(0)
+            outs[name] = rollout.generate(batch, SamplingParams(max_new_tokens=40, temperature=1.0))
+            widest[name] = max(fed)
+    finally:
+        hook.remove()
+    kept, prefilled = outs["kept"], outs["prefilled"]
+    assert kept["num_turns"].tolist() == [1, 2, 3, 4] * 2 and not kept["truncated"].any()
+    assert sorted(kept.tensors) == sorted(prefilled.tensors)
+    for key in kept.tensors:                       # responses, response_mask, model_mask, turn_rewards, ...
+        assert torch.equal(kept[key], prefilled[key]), key
+    assert kept["model_mask"].sum() < kept["response_mask"].sum()    # the environment's answers are in the rows
+    assert widest["kept"] <= max(batch["prompts"].shape[1], 1 + len(answer)) < widest["prefilled"]
+    assert engine._kept is None and whole._kept is None
+
+
+def test_a_kept_cache_gives_the_logits_of_a_prefill_of_the_whole_prompt(rewriting_dir, make_config):
+    """The second turn's cache built from the first call's kept caches, rows of different lengths re-padded:
+    the logits of the columns left to prefill equal those of a forward over the whole prompt (float rounding)."""
+    config = make_config(rewriting_dir, "rollout.max_new_tokens=6")
+    workers = make_workers(config)
+    tok = workers.tokenizer
+    engine = HFRollout(config, workers)
+    batch = prompt_batch(tok, [":12=", ":345=", ":6="])
+    batch["episode_key"] = torch.tensor([7, 8, 9])
+    answer = tok.encode("|7=", add_special_tokens=False)
+    with engine.turn_cache():
+        torch.manual_seed(0)
+        out = engine.generate(batch, SamplingParams(max_new_tokens=6, temperature=1.0))
+        contexts = [prompt[mask.bool()].tolist() + response[:int(n)].tolist() + answer
+                    for prompt, mask, response, n in zip(batch["prompts"], batch["prompt_mask"], out["responses"],
+                                                         out["response_mask"].sum(-1))]
+        turn = prompt_batch(tok, [tok.decode(c) for c in contexts]).index([1, 2, 0])   # the rows in another order
+        ids, mask = turn["prompts"], turn["prompt_mask"]
+        assert [row[m.bool()].tolist() for row, m in zip(ids, mask)] == [contexts[1], contexts[2], contexts[0]]
+        cache = engine._kept_cache([8, 9, 7], ids, mask)
+    (name, kept), = cache.items()
+    cached = kept.get_seq_length()
+    assert 0 < cached and ids.shape[1] - cached <= 1 + len(answer)        # only the new tokens are left to feed
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        whole = engine.module(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+        rest = engine.module(input_ids=ids[:, cached:], attention_mask=mask, position_ids=position_ids[:, cached:],
+                             **{name: kept}).logits
+    real = mask[:, cached:].bool()
+    torch.testing.assert_close(rest[real], whole[:, cached:][real], rtol=1e-5, atol=1e-5)
 
 
 def test_an_answer_is_rendered_once_with_the_templates_glue():

@@ -11,6 +11,19 @@ micro-batch runs every distinct prompt but its last token once, copies that KV c
 repeat it, and lets generate continue from it (feeding each row only its last prompt token).
 `[rollout.hf] share_prompts = false` turns this off (settings.py).
 
+Multi-turn episodes: each turn is one generate call whose prompt is the episode so far, and prefilling it
+again would make every turn cost the whole context. Inside `turn_cache()` (which the multi-turn driver,
+nanoverl_core.env.EpisodeRollout, holds around one batch of episodes) the rollout keeps each row's KV cache
+by its `episode_key` after every call. A row of the next call takes, of its kept cache, the part whose
+tokens start its new prompt (the episode so far, left padding dropped), laid out in the new left-padded
+columns; generate then prefills only the columns after those, the widest row's new tokens (the
+environment's answer and the last sampled token). Keys and values at a position depend only on the tokens
+up to it, so the logits are those of a prefill of the whole prompt within float rounding (1e-6 in
+float32), and the sampler, drawing the same numbers, picks the same ids. Only caches of full-attention
+layers are kept (a sliding window or a recurrent state cannot be cut by position: such a model prefills
+every turn); the caches of episodes that ended are dropped after each call, all of them when the context
+exits. `[rollout.hf] turn_cache = false` prefills every turn whole.
+
 Precision: with `model.compute_dtype` set, prefill and decoding run under the same autocast as the
 actor's log-prob passes (the sampler reads float32 scores either way).
 
@@ -19,6 +32,8 @@ penalty, top_k=50, ...) are replaced by a neutral config when the worker loads t
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -64,6 +79,8 @@ class HFRollout:
             settings = HFRolloutSettings()
         self.share_prefix = settings.share_prompts
         """Prefill each distinct prompt once per micro-batch (see the module docstring); False: plain generate."""
+        self.keeps_turns = settings.turn_cache
+        """Inside turn_cache(), keep each episode's KV cache across turns (see the module docstring)."""
         self.tokenizer = workers.tokenizer
         actor = workers.actor
         self.device = actor.device
@@ -81,6 +98,9 @@ class HFRollout:
         self.cache_keyword = cache_keyword(self.module)                    # None: the model takes no KV cache
         self.keeps_logits = forward_keyword(self.module, "logits_to_keep") is not None
         self._gen_configs: dict[SamplingParams, object] = {}
+        self._kept: dict[int, tuple] | None = None
+        """Inside turn_cache(): by episode key, (its tokens the cache holds (n,), [(keys, values) (H, n, D)
+        per layer]) from the last generate call."""
 
     def sync_weights(self, actor) -> None:
         """Shared module: nothing to do. Own copy: copy the actor's full tensors in, one at a time."""
@@ -96,6 +116,17 @@ class HFRollout:
         if not self.shared:
             self.module = None
 
+    @contextmanager
+    def turn_cache(self):
+        """Keep each episode's KV cache from one generate call to the next (see the module docstring); a model
+        that takes no cache, or `[rollout.hf] turn_cache = false`, prefills every turn. Everything kept is freed
+        on exit."""
+        self._kept = {} if self.keeps_turns and self.cache_keyword is not None else None
+        try:
+            yield
+        finally:
+            self._kept = None
+
     def _generation_config(self, params: SamplingParams):
         """Every sampling knob set explicitly, so nothing falls back to a checkpoint's defaults."""
         if params not in self._gen_configs:
@@ -107,7 +138,7 @@ class HFRollout:
             self._gen_configs[params] = GenerationConfig(
                 max_new_tokens=params.max_new_tokens, do_sample=not params.greedy, num_beams=1, use_cache=True,
                 eos_token_id=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
-                bos_token_id=base.bos_token_id, **sampling)
+                bos_token_id=base.bos_token_id, return_dict_in_generate=True, **sampling)   # the ids and the cache
         return self._gen_configs[params]
 
     def _cpu_sampling(self, params: SamplingParams):
@@ -122,7 +153,7 @@ class HFRollout:
         config = self._generation_config(params)
         greedy = GenerationConfig(max_new_tokens=config.max_new_tokens, do_sample=False, num_beams=1, use_cache=True,
                                   eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-                                  bos_token_id=config.bos_token_id)
+                                  bos_token_id=config.bos_token_id, return_dict_in_generate=True)
         warpers = ([TemperatureLogitsWarper(params.temperature)] if params.temperature != 1.0 else []) \
             + ([TopKLogitsWarper(params.top_k)] if params.top_k else []) \
             + ([TopPLogitsWarper(params.top_p)] if params.top_p < 1.0 else [])
@@ -139,10 +170,58 @@ class HFRollout:
         cache = prompt_cache(self.module, name, ids[:, :-1], mask[:, :-1], self.keeps_logits)
         return {} if cache is None else {name: cache}
 
+    def _kept_cache(self, keys: list[int], ids: torch.Tensor, mask: torch.Tensor) -> dict:
+        """generate's cache argument for rows whose episodes have kept caches: the first C columns of the
+        left-padded prompts ids / mask (b, W), each row's from the kept keys and values of its prompt's first
+        tokens (zeros in its padding), where W - C is the most new tokens of any row (at least one). Uses up
+        what it takes from self._kept; {} when no row has a kept cache that C columns could hold."""
+        from transformers import DynamicCache
+
+        kept = [self._kept.pop(key, None) for key in keys]
+        width, lengths = ids.shape[1], mask.sum(1).tolist()
+        covered = []                                    # per row: how many first prompt tokens its cache holds
+        for row, entry in enumerate(kept):
+            prompt = ids[row, width - lengths[row]:]
+            tokens = entry[0][:len(prompt) - 1] if entry is not None else prompt[:0]   # one token is left to feed
+            covered.append(int((tokens == prompt[:len(tokens)]).int().cumprod(0).sum()))  # the common prefix
+        cached = width - max(n - c for n, c in zip(lengths, covered))
+        if cached <= 0:                                 # the widest row has nothing kept
+            return {}
+        cache = DynamicCache()
+        layers = next(entry[1] for entry in kept if entry is not None)
+        for layer, (like, _) in enumerate(layers):
+            k = like.new_zeros((len(keys), like.shape[0], cached, like.shape[2]))  # (b, H, C, D)
+            v = torch.zeros_like(k)
+            for row, entry in enumerate(kept):
+                n = cached - (width - lengths[row])     # the row's tokens in the cached columns (<= covered)
+                if n > 0:
+                    k[row, :, cached - n:], v[row, :, cached - n:] = (t[:, :n] for t in entry[1][layer])
+            cache.update(k, v, layer)
+        return {self.cache_keyword: cache}
+
+    @staticmethod
+    def _keep(keys: list[int], mask: torch.Tensor, sequences: torch.Tensor, cache) -> dict:
+        """By episode key, each row's tokens that generate's returned `cache` holds (its prompt, left padding
+        dropped, and what it sampled but the last token) and views of their keys and values. {} for a cache
+        that is not full attention in every layer (sliding windows, recurrent states)."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(cache, "layers", None)
+        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+            return {}
+        end = min(cache.get_seq_length(), sequences.shape[1])
+        starts = (mask.shape[1] - mask.sum(1)).tolist()                  # each row's left padding
+        return {key: (sequences[row, start:end],
+                      [(layer.keys[row, :, start:end], layer.values[row, :, start:end]) for layer in layers])
+                for row, (key, start) in enumerate(zip(keys, starts))}
+
     @torch.no_grad()
     def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
-        """One response per row, rows in order; `rollout.micro_batch_size` rows per generate call."""
+        """One response per row, rows in order; `rollout.micro_batch_size` rows per generate call. Inside
+        turn_cache(), with the batch's `episode_key` column, each row continues its episode's kept cache."""
         prompts, prompt_mask = batch["prompts"], batch["prompt_mask"]           # (B, P), left-padded
+        keys = batch["episode_key"].tolist() if self._kept is not None and "episode_key" in batch else None
+        kept = {}
         micro = self.config.rollout.micro_batch_size or len(batch)
         gen_config, processors = self._generation_config(params), None
         if self.device.type == "cpu" and not params.greedy:
@@ -156,12 +235,19 @@ class HFRollout:
                 first = int(mask.any(0).int().argmax())                          # drop all-padding columns
                 ids = prompts[start:start + micro, first:].to(self.device)
                 mask = mask[:, first:].to(self.device)
+                rows = keys[start:start + micro] if keys is not None else None
                 with autocast(self.config.model, self.device):          # model.compute_dtype, as the actor's passes
+                    cache = self._kept_cache(rows, ids, mask) if rows is not None else {}
+                    cache = cache or self._prefix_cache(ids, mask)     # the first turn: shared prompts
                     out = self.module.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config,
-                                               logits_processor=processors, **self._prefix_cache(ids, mask))
-                responses.append(out[:, ids.shape[1]:].cpu())                    # (b, R) new tokens: one copy
+                                               logits_processor=processors, **cache)
+                if rows is not None:
+                    kept.update(self._keep(rows, mask, out.sequences, getattr(out, self.cache_keyword, None)))
+                responses.append(out.sequences[:, ids.shape[1]:].cpu())          # (b, R) new tokens: one copy
         finally:
             self.module.train(was_training)
+        if keys is not None:
+            self._kept = kept                           # the episodes that ended are not in this call: dropped
         width = max(r.shape[1] for r in responses)                               # calls may stop at different R
         pad = self.tokenizer.pad_token_id
         responses = torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad) for r in responses])
