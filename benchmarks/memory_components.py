@@ -93,8 +93,6 @@ def main() -> int:
                                             "trainer.val_every=0", "trainer.val_before_train=false",
                                             "trainer.save_every=0", "trainer.rollout_samples=0",
                                             "trainer.progress=none", "tracking.trackers=[jsonl]"], registry=registry)
-    import torch  # noqa: F401  (after the config: its thread settings apply as in a run)
-
     report: dict = {"config": str(args.config), "overrides": args.overrides, "steps": args.steps,
                     "libraries": round(resident_mib(), 1)}
 
