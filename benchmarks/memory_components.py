@@ -23,6 +23,10 @@ steps report their own peaks (`perf/peak_rss_mib`, `perf/children_peak_rss_mib`)
   first_step         what the first step left resident (the optimizer's state, allocator caches)
   step_peak          the highest step peak of this process, and `step_extra` = it less the RSS before that
                      step: activations, logits, the rollout's transient tensors
+  phases             the highest peak of this process during each phase of the steps: `rollout` (generation,
+                     the vLLM engine's KV cache filling), `update` (the actor's forward and backward: activations,
+                     logits, gradients), `log_probs` (the actor's and the reference's no-grad passes, the critic's
+                     value pass), `critic_update`, `weight_sync`; the step peak is the largest of them
   children_peak      the child processes' summed peak during the steps (reward and environment workers,
                      the code reward's sandboxes; started with the first step)
   total_peak         step_peak + children_peak: what the machine must hold at once, at most
@@ -83,7 +87,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from nanoverl_core import load_config, load_registry
-    from nanoverl_core.processes import resident_mib, step_peaks_mib
+    from nanoverl_core.processes import peak_resident_mib, resident_mib, step_peaks_mib
     from nanoverl_core.trainer import trainer as trainer_module
 
     registry = load_registry()
@@ -119,14 +123,39 @@ def main() -> int:
         report["kv_cache"] = round(kv.get("kv_cache_memory_bytes", 0) / MIB, 1) or "VLLM_CPU_KVCACHE_SPACE"
     report["built"] = round(resident_mib(), 1)
 
+    phases: dict[str, float] = {}
+
+    def phase(name: str, fn):
+        """Wrap fn so that the peak RSS during each call is kept under `name` (and the step's own peak goes on)."""
+        def wrapper(*a, **k):
+            between = peak_resident_mib()                   # the peak so far in this step: handed to the step below
+            try:
+                return fn(*a, **k)
+            finally:
+                during = peak_resident_mib()
+                phases[name] = round(max(phases.get(name, 0.0), during), 1)
+                carried.append(max(between or 0.0, during or 0.0))
+        return wrapper
+
+    carried: list[float] = []
+    trainer.rollout.generate = phase("rollout", trainer.rollout.generate)
+    trainer.rollout.sync_weights = phase("weight_sync", trainer.rollout.sync_weights)
+    for part, methods in (("actor", ("update", "compute_log_probs")), ("reference", ("compute_log_probs",)),
+                          ("critic", ("update", "compute_values"))):
+        worker = getattr(workers, part)
+        for method in methods if worker is not None else ():
+            name = "update" if (part, method) == ("actor", "update") else \
+                "critic_update" if method == "update" else "log_probs"
+            setattr(worker, method, phase(name, getattr(worker, method)))
     step_peaks_mib()                                        # the first step's peaks start here
     peaks, extras, children = [], [], []
     for step in range(args.steps):
         before = resident_mib()
         trainer.step += 1
+        carried.clear()
         metrics = trainer.train_step()
-        peaks.append(metrics["perf/peak_rss_mib"])
-        extras.append(metrics["perf/peak_rss_mib"] - before)
+        peaks.append(max([metrics["perf/peak_rss_mib"], *carried]))
+        extras.append(peaks[-1] - before)
         children.append(metrics["perf/children_peak_rss_mib"])
         if step == 0:
             report["first_step"] = round(resident_mib() - before, 1)
@@ -134,7 +163,7 @@ def main() -> int:
                                          if getattr(workers, part) is not None}
     trainer.rollout.close()
     trainer.reward.close()
-    report.update(step_peak=round(max(peaks), 1), step_extra=round(max(extras), 1),
+    report.update(step_peak=round(max(peaks), 1), step_extra=round(max(extras), 1), phases=phases,
                   children_peak=round(max(children), 1), total_peak=round(max(p + c for p, c in zip(peaks, children)), 1),
                   ru_maxrss=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                   isa=isa(), **machine())

@@ -128,7 +128,7 @@ def test_memory_stays_flat_with_micro_batches():
 
 def test_memory_components_splits_a_run_with_a_reward_worker_and_a_critic():
     """The tiny task with PPO and a critic: each model's weights, the optimizer's state (AdamW: twice the
-    actor's parameters), the step's peak and the reward worker processes' are reported."""
+    actor's parameters), the step's peak, each phase's, and the reward worker processes' are reported."""
     (row,) = run("memory_components.py", "--config", "examples/configs/tiny_ppo.toml", "--steps", "2",
                  "reward.workers=1", "trainer.num_threads=1")
     assert set(row["weights"]) == {"actor", "critic"} and row["weights"]["actor"] > 0
@@ -136,6 +136,8 @@ def test_memory_components_splits_a_run_with_a_reward_worker_and_a_critic():
         assert row["optimizer_state"][part] == pytest.approx(2 * row["weights"][part], rel=0.05)
     assert row["step_peak"] >= row["built"] - 50 and row["children_peak"] > 0        # one reward worker process
     assert row["total_peak"] == pytest.approx(row["step_peak"] + row["children_peak"], abs=0.2)
+    assert {"rollout", "log_probs", "critic_update", "update", "weight_sync"} <= set(row["phases"])
+    assert row["step_peak"] >= max(row["phases"].values())                          # the step's peak is its phases'
     assert row["isa"] and row["libraries"] > 0
 
 

@@ -139,6 +139,20 @@ def descendants(pid: int | None = None) -> list[int]:
     return found
 
 
+def release_free_heap() -> None:
+    """Hand the heap's free pages back to the OS (glibc's malloc_trim; nothing elsewhere).
+
+    An update's activations are freed when it ends, but glibc keeps most of them in its heap: they are
+    freed chunks of a few MiB, under its mmap threshold. The next rollout (and a vLLM engine's KV cache
+    filling up in this process) would then sit on top of them. The trainer calls this at each step's end,
+    so a step's peak is the larger of its phases, not their sum; the next update faults its pages back in."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def step_peaks_mib() -> dict[str, float]:
     """The peak resident memory since the last call, of this process and summed over its living descendants
     (reward and environment workers, an inference engine's processes): `perf/peak_rss_mib`,

@@ -9,7 +9,8 @@ Each seed is one `nanoverl-train --config CONFIG trainer.seed=S` (default smollm
 --out; the run's eval.json holds the base model's and the trained policy's held-out accuracy,
 greedy and sampled. Printed: per seed those numbers with a 95% Wilson interval (greedy over the 64
 held-out prompts; sampled over their 64 x rollout.val_n samples, which is optimistic since samples
-of one prompt are correlated), the training wall time, and the machine load at the end; then the
+of one prompt are correlated), the training wall time, the machine load at the end, and the trainer's
+peak resident memory (over the whole run, and the largest step's; its worker processes' summed); then the
 mean gain over seeds. Needs the model (plugins/nanoverl-hf/scripts/fetch_smollm2.sh) and, for the
 `vllm` rollout, the vLLM venv (.ci/vllm-env.sh): run this script with that venv's python.
 """
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from nanoverl_core.processes import peak_resident_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "configs" / "smollm2_arithmetic.toml"
@@ -59,7 +62,11 @@ def run_seed(seed: int, out: Path, overrides: list[str], config: Path = CONFIG) 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     start = time.perf_counter()
     with (out / f"seed{seed}.log").open("w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        peak = 0.0
+        while proc.poll() is None:          # the trainer resets its VmHWM every step: read it often, keep the max
+            peak = max(peak, peak_resident_mib(proc.pid, reset=False) or 0.0)
+            time.sleep(0.1)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"seed {seed} failed with exit status {proc.returncode}; see {out / f'seed{seed}.log'}")
@@ -68,6 +75,9 @@ def run_seed(seed: int, out: Path, overrides: list[str], config: Path = CONFIG) 
     return {"seed": seed, "run_dir": str(run_dir), "wall_s": round(wall, 1),
             "train_s": round(sum(r.get("timing/step", 0.0) for r in rows), 1), "steps": len(rows),
             "load_avg_1m": round(os.getloadavg()[0], 2),
+            "peak_rss_mib": round(peak),                        # the whole run: model loading and evaluations too
+            "step_peak_rss_mib": round(max(r.get("perf/peak_rss_mib", 0.0) for r in rows)),
+            "children_peak_rss_mib": round(max(r.get("perf/children_peak_rss_mib", 0.0) for r in rows)),
             "before": summarise(evals["before"]), "after": summarise(evals["after"])}
 
 

@@ -37,6 +37,7 @@ from ..data import PromptLoader, load_split
 from ..dist import is_rank0, seed_everything, shard_rollout
 from ..errors import CheckpointError, NonFiniteError, RolloutError
 from ..plugins import Registry
+from ..processes import release_free_heap
 from ..rollout import SamplingParams, check_rollout_columns
 from ..workers import compile_metrics
 from ..workers.precision import resolve_compute_dtype
@@ -191,6 +192,7 @@ class Trainer:
                             metrics.update(self.correct_rollout(batch, workers.actor.update_log_probs)[1])
                     with timed(timing, "weight_sync"):
                         self.rollout.sync_weights(workers.actor)                # 10.
+            release_free_heap()                          # the update's freed activations go back before the rollout
         metrics.update(batch_metrics(batch, timing, metrics))                   # 11. (logged by fit)
         if self.config.model.compile:
             metrics.update(compile_metrics())                    # graphs and seconds so far: a storm shows

@@ -274,6 +274,83 @@ def test_sleeping_between_generate_calls_keeps_outputs_right(tiny_dir, make_conf
         rollout.close()
 
 
+def test_on_cpu_the_engine_runs_one_training_calls_rows_at_once_and_sizes_its_kv_cache_for_them(tiny_dir, make_config,
+                                                                                                  tmp_path):
+    """[rollout.vllm] max_num_seqs = 0: the training call's rows (at least 64) run at once, and the KV cache
+    holds that many full-length sequences x1.5, whatever the validation batch; a larger batch runs in
+    waves and gives the same greedy responses (here 7 rows through an engine of 2)."""
+    from nanoverl_vllm.engine import engine_kwargs, write_engine_folder
+
+    cfg = make_config(tiny_dir, "data.batch_size=16", "rollout.n=8", "data.val_batch_size=64", "rollout.val_n=4")
+    hf_config = write_engine_folder(make_workers(cfg).actor.module, tmp_path)
+    kwargs = engine_kwargs(cfg, tmp_path, hf_config, load_format="dummy", sleep=False)
+    per_token = 2 * 2 * 2 * 32 * 4                                  # k and v, 2 layers, 2 heads of 32, fp32
+    assert kwargs["max_num_seqs"] == 128                            # 16 x 8, not the 256 validation rows
+    assert kwargs["kv_cache_memory_bytes"] == max(64 << 20, int(1.5 * 128 * 128 * per_token))   # 28 tokens: a block
+    small = make_config(tiny_dir, "data.batch_size=2")
+    assert engine_kwargs(small, tmp_path, hf_config, load_format="dummy", sleep=False)["max_num_seqs"] == 64
+
+    cfg = make_config(tiny_dir, "trainer.seed=5", "rollout.vllm.max_num_seqs=2")
+    workers = make_workers(cfg)
+    scramble(workers.actor.module, seed=3)
+    rollout = make_rollout(cfg, workers)
+    try:
+        assert rollout.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == 2
+        batch = prompt_batch(workers.tokenizer, PROMPTS)
+        assert torch.equal(rollout.generate(batch, GREEDY)["responses"], hf_greedy(cfg, workers, batch)["responses"])
+    finally:
+        rollout.close()
+
+
+def _resident_kv_bytes(rollout) -> int:
+    """Bytes of the engine's KV cache that are in RAM now (mincore over each distinct storage's pages)."""
+    import ctypes
+    import os
+
+    def count(worker) -> int:
+        libc = ctypes.CDLL(None)
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        page, total, seen = os.sysconf("SC_PAGE_SIZE"), 0, set()
+        for tensor in worker.model_runner.kv_caches:
+            start, size = tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()
+            if start in seen:
+                continue
+            seen.add(start)
+            first, last = -(-start // page) * page, (start + size) // page * page
+            vec = ctypes.create_string_buffer((last - first) // page)
+            assert libc.mincore(first, last - first, vec) == 0
+            total += sum(b & 1 for b in vec.raw) * page
+        return total
+    return sum(rollout.llm.collective_rpc(count))
+
+
+def test_on_cpu_the_kv_cache_goes_back_to_the_os_after_each_batch(tiny_dir, make_config):
+    """vLLM's CPU worker has no sleep mode, so the rollout gives the KV cache's pages back itself after
+    each batch ([rollout.vllm] release_kv_cache, on by default): none stays resident between batches, and
+    the next batch samples what an engine that kept its cache samples."""
+    batch = None
+    samples, resident = {}, {}
+    for release in ("true", "false"):
+        cfg = make_config(tiny_dir, "trainer.seed=5", f"rollout.vllm.release_kv_cache={release}")
+        workers = make_workers(cfg)
+        scramble(workers.actor.module, seed=3)
+        rollout = make_rollout(cfg, workers)
+        try:
+            batch = prompt_batch(workers.tokenizer, PROMPTS * 32)            # 224 rows: one 128-token block each
+            params = SamplingParams(max_new_tokens=12, temperature=1.0)
+            torch.manual_seed(0)
+            samples[release] = [rollout.generate(batch, params)["responses"] for _ in range(2)]
+            resident[release] = _resident_kv_bytes(rollout)
+        finally:
+            rollout.close()
+    block = 2 * 2 * 2 * 32 * 4 * 128                                         # k and v, 2 layers, 2 heads of 32, fp32
+    assert resident["false"] >= 224 * block                                    # the blocks the batch used stay in RAM
+    assert resident["true"] == 0
+    for kept_cache, released in zip(samples["false"], samples["true"]):
+        assert torch.equal(kept_cache, released)
+    assert not torch.equal(*samples["true"])                                   # two different draws, both equal
+
+
 
 # ---- multi-turn episodes ---------------------------------------------------------------------------------
 class _Answers:

@@ -73,7 +73,7 @@ log = logging.getLogger("nanoverl_vllm")
 
 __all__ = ["LLM", "VLLMSamplingParams", "TokensPrompt", "current_platform", "in_process", "sleep_supported",
            "write_engine_folder", "engine_kwargs", "start_engine", "own_rng", "ensure_alive", "stop_engine",
-           "push_weights", "save_weights"]
+           "push_weights", "save_weights", "release_kv_cache"]
 
 
 def in_process() -> bool:
@@ -148,8 +148,15 @@ def engine_dtype(config: Config) -> str:
     return config.model.compute_dtype or config.model.dtype
 
 
+def cpu_max_num_seqs(config: Config) -> int:
+    """Sequences the CPU engine runs at once: [rollout.vllm] max_num_seqs, or (0) the rows of one training
+    generate call, at least 64."""
+    settings = config.rollout.settings if isinstance(config.rollout.settings, VLLMSettings) else VLLMSettings()
+    return settings.max_num_seqs or max(64, config.data.batch_size * config.rollout.n)
+
+
 def _cpu_kv_cache_bytes(config: Config, hf_config, max_model_len: int) -> int:
-    """Enough KV cache for the largest generate call (train or validation) with no preemption, x1.5.
+    """Enough KV cache for `cpu_max_num_seqs` sequences of full length, so none is preempted, x1.5.
 
     vLLM's CPU default reserves a fraction of the machine's RAM; sizing it to the run keeps start-up
     fast and leaves memory to the trainer. `VLLM_CPU_KVCACHE_SPACE` (GiB), if set, wins.
@@ -158,9 +165,8 @@ def _cpu_kv_cache_bytes(config: Config, hf_config, max_model_len: int) -> int:
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     dtype_bytes = torch.finfo(getattr(torch, engine_dtype(config))).bits // 8
     per_token = 2 * text.num_hidden_layers * kv_heads * _head_dim(hf_config) * dtype_bytes
-    rows = max(config.data.batch_size * config.rollout.n, config.data.val_batch_size * config.rollout.val_n)
     block = 128                                       # the CPU backend's KV block size; sequences round up to it
-    tokens = rows * block * math.ceil(max_model_len / block)
+    tokens = cpu_max_num_seqs(config) * block * math.ceil(max_model_len / block)
     return max(64 << 20, int(1.5 * tokens * per_token))
 
 
@@ -190,9 +196,12 @@ def engine_kwargs(config: Config, folder: Path, hf_config, *, load_format: str, 
     if current_platform.is_cpu():
         # A prompt prefilled in chunks makes vLLM rewind its seeded sampler's generator offset, which a
         # CPU generator cannot ("CPU Generator does not use offset"): so every prompt is prefilled whole.
-        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, max_model_len))
+        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, max_model_len),
+                      max_num_seqs=cpu_max_num_seqs(config))
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kwargs["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(config, hf_config, max_model_len)
+    elif settings.max_num_seqs:
+        kwargs["max_num_seqs"] = settings.max_num_seqs
     return kwargs
 
 
@@ -375,6 +384,40 @@ def stop_engine(llm: LLM | None, owns_distributed: bool) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def release_kv_cache(llm: LLM) -> int:
+    """Give the KV cache's memory back to the OS between batches on CPU, where vLLM has no sleep mode.
+
+    On a GPU `llm.sleep()` frees the cache while the trainer works; vLLM's CPU worker ignores it, so its
+    cache (sized for the largest generate call) would stay resident through the update. This drops the
+    prefix cache (its blocks would read zeros afterwards) and `madvise(MADV_DONTNEED)`s the cache's
+    pages: the tensors stay allocated, and the next batch faults in fresh zero pages for the blocks it
+    uses. Returns the bytes released (0 when requests are still running, or off Linux)."""
+    if not sys.platform.startswith("linux") or not llm.reset_prefix_cache():
+        return 0
+    return sum(llm.collective_rpc(_release_worker_kv_cache))
+
+
+def _release_worker_kv_cache(worker) -> int:
+    """In the engine's worker: MADV_DONTNEED over the whole pages of each distinct KV cache storage."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page, released, seen = os.sysconf("SC_PAGE_SIZE"), 0, set()
+    for tensor in worker.model_runner.kv_caches:       # the worker (wrapper) vLLM passes; one tensor per layer
+        if tensor.device.type != "cpu":
+            continue
+        storage = tensor.untyped_storage()
+        start, size = storage.data_ptr(), storage.nbytes()
+        if start in seen:
+            continue
+        seen.add(start)
+        first, last = -(-start // page) * page, (start + size) // page * page   # whole pages inside the storage
+        if last > first and libc.madvise(first, last - first, 4) == 0:       # 4: MADV_DONTNEED
+            released += last - first
+    return released
 
 
 # ---- weights ------------------------------------------------------------------------------------

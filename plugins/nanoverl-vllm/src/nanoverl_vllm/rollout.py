@@ -86,6 +86,8 @@ class VLLMRollout:
         self._lora_ids = itertools.count(1)
         self.log_probs = self.returns_log_probs = settings.log_probs if log_probs is None else log_probs
         self.sleep = engine.sleep_supported() if sleep is None else sleep
+        self.release_kv = (settings.release_kv_cache and not self.sleep and engine.current_platform.is_cpu()
+                           and engine.in_process())            # a function cannot reach an engine-core process
         self.deadline = engine.Deadline(settings.timeout_s)        # every generate and weight sync
         self.eos_token_ids = stop_token_ids(self.tokenizer, self.actor.module)
         self.folder = Path(tempfile.mkdtemp(prefix="nanoverl-vllm-"))   # config.json (+ weights on restart)
@@ -234,6 +236,13 @@ class VLLMRollout:
         self.llm.sleep(level=1 if self.adapter_mode else 2)
         self.asleep = True
 
+    def _rest(self) -> None:
+        """After a batch: sleep where vLLM can; on CPU free the KV cache's pages ([rollout.vllm] release_kv_cache)."""
+        if self.sleep:
+            self._sleep()
+        elif self.release_kv:
+            engine.release_kv_cache(self.llm)
+
     @contextmanager
     def awake(self):
         """Keep the engine awake across the generate calls of one batch of multi-turn episodes (each turn
@@ -244,8 +253,8 @@ class VLLMRollout:
             yield
         finally:
             self.held = False
-            if self.sleep and not self.asleep and self.llm is not None:
-                self._sleep()
+            if not self.asleep and self.llm is not None:
+                self._rest()
 
     @staticmethod
     def _seeds(batch: RLBatch, params: SamplingParams) -> list[int]:
@@ -273,8 +282,8 @@ class VLLMRollout:
         log_probs = None
         if self.log_probs:
             log_probs = [[step[token].logprob for token, step in zip(c.token_ids, c.logprobs)] for c in completions]
-        if self.sleep and not self.held:
-            self._sleep()
+        if not self.held:
+            self._rest()
         return responses_to_batch(responses, eos_token_id=self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id,
                                   max_new_tokens=params.max_new_tokens, log_probs=log_probs)
 

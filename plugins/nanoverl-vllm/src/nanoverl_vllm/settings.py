@@ -2,7 +2,7 @@
 
 import attrs
 
-from nanoverl_core.config import above, between
+from nanoverl_core.config import above, at_least, between
 
 LORA_SYNC = ("merged", "adapter")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -18,6 +18,18 @@ class VLLMSettings:
     (`rollout_corr/*`) and algorithm.rollout_correction need them (the metrics compare them with the
     on-policy update's own forward; correction adds a separate old-log-prob pass). false: no engine
     log-probs, no mismatch metrics."""
+    max_num_seqs: int = attrs.field(default=0, validator=at_least(0))
+    """Sequences the engine runs at once (vLLM's `max_num_seqs`). 0: on CPU, the rows of one training
+    generate call (data.batch_size x rollout.n, at least 64), with the KV cache sized for that many
+    sequences of full length (so none is ever preempted), and validation batches with more rows run in
+    waves; on a GPU, vLLM's own default. Raise it to run larger validation batches at once, for
+    more KV cache memory."""
+    release_kv_cache: bool = True
+    """On CPU, where vLLM has no sleep mode, with the engine in the trainer's process (the default): after
+    each batch (each batch of multi-turn episodes), drop the prefix cache and give the KV cache's pages
+    back to the OS, so the update does not hold them too. The next batch faults in the pages it uses.
+    false: the cache stays resident for the whole run. (On a GPU the engine sleeps between batches
+    instead.)"""
     lora_sync: str = attrs.field(default="merged", validator=attrs.validators.in_(LORA_SYNC))
     """With [model.lora] enable = true, what each weight sync sends the engine. "merged" (default):
     every weight, adapted ones as W + alpha/r * B @ A, streamed into a plain engine (no vLLM LoRA
