@@ -124,6 +124,7 @@ def main() -> int:
     report["built"] = round(resident_mib(), 1)
 
     phases: dict[str, float] = {}
+    carried: list[float] = []                               # this step's peaks, as the wrappers reset them
 
     def phase(name: str, fn):
         """Wrap fn so that the peak RSS during each call is kept under `name` (and the step's own peak goes on)."""
@@ -137,7 +138,6 @@ def main() -> int:
                 carried.append(max(between or 0.0, during or 0.0))
         return wrapper
 
-    carried: list[float] = []
     trainer.rollout.generate = phase("rollout", trainer.rollout.generate)
     trainer.rollout.sync_weights = phase("weight_sync", trainer.rollout.sync_weights)
     for part, methods in (("actor", ("update", "compute_log_probs")), ("reference", ("compute_log_probs",)),

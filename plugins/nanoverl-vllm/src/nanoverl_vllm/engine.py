@@ -148,15 +148,8 @@ def engine_dtype(config: Config) -> str:
     return config.model.compute_dtype or config.model.dtype
 
 
-def cpu_max_num_seqs(config: Config) -> int:
-    """Sequences the CPU engine runs at once: [rollout.vllm] max_num_seqs, or (0) the rows of one training
-    generate call, at least 64."""
-    settings = config.rollout.settings if isinstance(config.rollout.settings, VLLMSettings) else VLLMSettings()
-    return settings.max_num_seqs or max(64, config.data.batch_size * config.rollout.n)
-
-
-def _cpu_kv_cache_bytes(config: Config, hf_config, max_model_len: int) -> int:
-    """Enough KV cache for `cpu_max_num_seqs` sequences of full length, so none is preempted, x1.5.
+def _cpu_kv_cache_bytes(config: Config, hf_config, max_model_len: int, max_num_seqs: int) -> int:
+    """Enough KV cache for `max_num_seqs` sequences of full length, so none is preempted, x1.5.
 
     vLLM's CPU default reserves a fraction of the machine's RAM; sizing it to the run keeps start-up
     fast and leaves memory to the trainer. `VLLM_CPU_KVCACHE_SPACE` (GiB), if set, wins.
@@ -166,7 +159,7 @@ def _cpu_kv_cache_bytes(config: Config, hf_config, max_model_len: int) -> int:
     dtype_bytes = torch.finfo(getattr(torch, engine_dtype(config))).bits // 8
     per_token = 2 * text.num_hidden_layers * kv_heads * _head_dim(hf_config) * dtype_bytes
     block = 128                                       # the CPU backend's KV block size; sequences round up to it
-    tokens = cpu_max_num_seqs(config) * block * math.ceil(max_model_len / block)
+    tokens = max_num_seqs * block * math.ceil(max_model_len / block)
     return max(64 << 20, int(1.5 * tokens * per_token))
 
 
@@ -194,12 +187,15 @@ def engine_kwargs(config: Config, folder: Path, hf_config, *, load_format: str, 
 
         kwargs.update(enable_lora=True, max_lora_rank=lora_rank_limit(lora_rank), max_loras=1, max_cpu_loras=1)
     if current_platform.is_cpu():
+        # At most one training generate call's rows at once (at least 64) unless [rollout.vllm] max_num_seqs says
+        # otherwise: the KV cache holds them all at full length, and a larger validation batch runs in waves.
+        max_num_seqs = settings.max_num_seqs or max(64, config.data.batch_size * config.rollout.n)
         # A prompt prefilled in chunks makes vLLM rewind its seeded sampler's generator offset, which a
         # CPU generator cannot ("CPU Generator does not use offset"): so every prompt is prefilled whole.
         kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, max_model_len),
-                      max_num_seqs=cpu_max_num_seqs(config))
+                      max_num_seqs=max_num_seqs)
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            kwargs["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(config, hf_config, max_model_len)
+            kwargs["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(config, hf_config, max_model_len, max_num_seqs)
     elif settings.max_num_seqs:
         kwargs["max_num_seqs"] = settings.max_num_seqs
     return kwargs
