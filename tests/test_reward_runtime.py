@@ -251,10 +251,23 @@ def test_a_batched_reward_that_dies_or_hangs_costs_its_step_not_the_run(tmp_path
 
 def test_each_step_logs_the_peak_memory_of_the_trainer_and_its_worker_processes(tmp_path):
     """perf/peak_rss_mib is the trainer's peak during the step, perf/children_peak_rss_mib the sum of its
-    children's: two reward workers that each hold 150 MiB are counted in it, every step."""
-    reward = tmp_path / "holding.py"
-    reward.write_text("HELD = bytearray(150 * 2**20)\n\ndef compute_score(prompt, response, sample):\n"
-                      "    HELD[::4096] = b'1' * len(HELD[::4096])  # touched: resident\n    return 1.0\n")
+    children's: two reward workers that each hold 150 MiB are counted in it, every step. Each worker touches
+    its 150 MiB as it loads the reward, and a call waits until both have loaded (workers start lazily: the
+    first one ready could otherwise score the whole step while the other is still importing). The trainer
+    loads the reward file too, to check its signature: its pid does not count."""
+    reward, started = tmp_path / "holding.py", tmp_path / "started"
+    started.mkdir()
+    reward.write_text(
+        "import os, time\n"
+        "HELD = bytearray(150 * 2**20)\n"
+        "HELD[::4096] = b'1' * len(HELD[::4096])  # touched: resident\n"
+        f"STARTED = {str(started)!r}\n"
+        "open(os.path.join(STARTED, str(os.getpid())), 'w').close()\n\n"
+        "def compute_score(prompt, response, sample):\n"
+        "    deadline = time.monotonic() + 30\n"
+        "    while len(set(os.listdir(STARTED)) - {str(os.getppid())}) < 2 and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
+        "    return 1.0\n")
     run = tmp_path / "run"
     proc = run_cli("--config", REINFORCE, *BASE, "trainer.total_steps=2", "trainer.save_every=0", "data.val_files=[]",
                    "reward.memory_limit_mb=1000", f"reward.file={reward}", f"trainer.output_dir={run}")
