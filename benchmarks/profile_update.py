@@ -35,12 +35,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides, e.g. model.compute_dtype=bfloat16")
     args = parser.parse_args(argv)
 
     work = tmpdir("profile-update")
     model = build_model(args.model, work / "model")
     config = workload_config(args.model, model, work / "run", WORKLOADS[args.model],
-                             extra=["rollout.name=hf", f"trainer.num_threads={args.threads}"])
+                             extra=["rollout.name=hf", f"trainer.num_threads={args.threads}", *args.set])
     trainer = nanoverl_trainer(config)
     for _ in range(args.warmup):
         nanoverl_step(trainer)
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)
     print(json.dumps({
-        "benchmark": "profile_update", "model": args.model, "threads": args.threads,
+        "benchmark": "profile_update", "model": args.model, "threads": args.threads, "set": args.set,
         "rows": len(batch), "tokens": int(batch["prompt_mask"].sum() + batch["response_mask"].sum()),
         "update_s": [round(s, 3) for s in seconds], "optimizer_step_s": [round(s, 3) for s in optimizer[:args.repeats]],
         "profiled_self_cpu_s": round(total / 1e6, 3),

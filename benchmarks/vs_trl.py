@@ -19,8 +19,10 @@ Equal work, on both sides:
     mini-batch = batch, no micro-batching on either side (smollm2: nanoverl keeps its recipe's
     16-row micro-batches, the same gradient; TRL runs its 64 rows in one pass);
   - no reference model (TRL beta=0; nanoverl reference off), no KL, no entropy bonus, no gradient
-    checkpointing (TRL's default is on), no bf16 (TRL's default is on), no dropout, AdamW at the same
-    learning rate with a constant schedule and grad-norm clip 1.0;
+    checkpointing (TRL's default is on), no dropout, AdamW at the same learning rate with a constant
+    schedule and grad-norm clip 1.0;
+  - float32, or with `--bf16` bf16 mixed precision on both sides: TRL's `bf16=True` (accelerate's
+    autocast) and nanoverl's `model.compute_dtype = "bfloat16"`, float32 weights and AdamW state on both;
   - no logging, evaluation, saving or rollout dumps (TRL report_to="none", logging/save/eval
     strategy "no"; nanoverl no trackers, val_every=0, save_every=0, rollout_samples=0).
 
@@ -51,8 +53,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (ARITHMETIC_DATA, MODELS, ROOT, TINY_DATA, build_model, machine, median,  # noqa: E402
-                    nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb, since, summary, timed_method,
+from common import (ARITHMETIC_DATA, MODELS, ROOT, TINY_DATA, build_model, gemm_gflops, isa, machine,  # noqa: E402
+                    median, nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb, since, summary, timed_method,
                     tmpdir, workload, workload_config)
 
 
@@ -94,7 +96,7 @@ def run(model_name: str, args) -> dict:
     w = workload(model_name, args)
 
     # nanoverl: the real trainer, driven one step at a time
-    extra = [f"trainer.num_threads={args.threads}"]
+    extra = [f"trainer.num_threads={args.threads}", f"model.compute_dtype={'bfloat16' if args.bf16 else ''}"]
     if model_name == "smollm2":
         extra.append(f"rollout.name={args.rollout}")
     cfg = workload_config(model_name, model_dir, work / "nanoverl", w, lr=args.lr, extra=extra)
@@ -102,7 +104,7 @@ def run(model_name: str, args) -> dict:
 
     total = args.warmup + args.steps
     trl_args = GRPOConfig(
-        output_dir=str(work / "trl"), max_steps=total, seed=0, use_cpu=True, bf16=False, fp16=False,
+        output_dir=str(work / "trl"), max_steps=total, seed=0, use_cpu=True, bf16=args.bf16, fp16=False,
         gradient_checkpointing=False, disable_dropout=True, learning_rate=args.lr, lr_scheduler_type="constant",
         weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=w["batch"] * w["n"],
         gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, num_generations=w["n"],
@@ -146,11 +148,13 @@ def run(model_name: str, args) -> dict:
 
     timing = {k.removeprefix("timing/"): round(median([r[k] for r in nv_rows[args.warmup:] if k in r]), 4)
               for k in nv_rows[-1] if k.startswith("timing/")}
+    precision = "bfloat16" if args.bf16 else "float32"
     return {
         "benchmark": "vs_trl", "model": model_name, "parameters": num_parameters(model_dir),
         "nanoverl_rollout": cfg.rollout.name, "trl_rollout": "transformers generate",
         "batch_prompts": w["batch"], "n": w["n"], "max_new_tokens": w["max_new_tokens"],
-        "steps_measured": args.steps, "warmup": args.warmup,
+        "steps_measured": args.steps, "warmup": args.warmup, "precision": precision, "isa": isa(),
+        f"gemm_gflops_{precision}": round(gemm_gflops(dtype=precision), 1),
         **summary(trl_times, nv_times, args.warmup, ("trl", "nanoverl")),
         "nanoverl_timing_median": timing,
         "trl_timing_median": {k: round(median(v[args.warmup:]), 4) for k, v in trl_parts.items()},
@@ -174,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, shared by both contenders")
     parser.add_argument("--rollout", default="hf", choices=["hf", "vllm"], help="nanoverl's rollout on smollm2")
+    parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision on both sides")
     args = parser.parse_args(argv)
     steps = args.steps
     for name in args.models:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -64,6 +66,40 @@ def test_the_chunked_heads_backward_recomputes_the_logits_under_the_forwards_aut
     (h_one, w_one), (h_split, w_split) = grads(12), grads(5)
     torch.testing.assert_close(h_split, h_one, rtol=0, atol=1e-5)
     torch.testing.assert_close(w_split, w_one, rtol=0, atol=1e-5)
+
+
+def test_on_cpu_a_differentiated_pass_runs_its_attention_in_float32():
+    """bf16's flash-attention backward is ~4x slower than float32's on CPU: under the worker's autocast a
+    pass entered with gradients runs scaled_dot_product_attention in float32 (output and input gradients
+    those of float32 attention, the output cast to bf16 as autocast makes it); a no-grad pass, and a model
+    whose blocks gradient checkpointing recomputes in backward, keep autocast's bf16 kernel."""
+    import torch.nn.functional as F
+
+    from nanoverl_core.config.schema import ModelConfig
+    from nanoverl_core.workers import autocast
+
+    g = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(2, 3, 7, 8, generator=g) for _ in range(3)]
+    weight = torch.randn(2, 3, 7, 8, generator=g).bfloat16().float()        # a gradient bf16 holds exactly
+    cpu = torch.device("cpu")
+
+    def attend(context, grad=True):
+        leaves = [t.clone().requires_grad_(grad) for t in qkv]
+        with torch.set_grad_enabled(grad), context:
+            out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+        if grad:
+            (out.float() * weight).sum().backward()
+        return out, [t.grad for t in leaves]
+
+    float32, float32_grads = attend(contextlib.nullcontext())
+    bf16, bf16_grads = attend(torch.autocast("cpu", dtype=torch.bfloat16))
+    out, grads = attend(autocast(ModelConfig(compute_dtype="bfloat16"), cpu))
+    assert out.dtype == torch.bfloat16 and torch.equal(out, float32.to(torch.bfloat16)) and not torch.equal(out, bf16)
+    for got, want, emulated in zip(grads, float32_grads, bf16_grads):
+        assert torch.equal(got, want) and not torch.equal(emulated, want)
+    for context, grad in ((autocast(ModelConfig(compute_dtype="bfloat16"), cpu), False),
+                          (autocast(ModelConfig(compute_dtype="bfloat16", gradient_checkpointing=True), cpu), True)):
+        assert torch.equal(attend(context, grad)[0], bf16)
 
 
 # ---- a real TorchActor / TorchCritic on a tiny transformers Llama -----------------------------------
@@ -132,11 +168,15 @@ def test_every_forward_runs_under_the_compute_dtype_and_only_then(tmp_path, chun
     """compute_dtype "" enters no autocast anywhere (today's float32 numbers, bit for bit: the code path is
     the one before compute_dtype existed); "bfloat16" runs every linear layer of every pass in bf16: the
     log-prob, reference and value passes and both updates, through the prompt cache (rows repeat) and the
-    chunked LM head or the full logits; with gradient checkpointing the blocks recomputed in backward too."""
+    chunked LM head or the full logits; with gradient checkpointing the blocks recomputed in backward too.
+    Only the prompt cache's one-time check (each worker's first pass) compares float32 outputs, autocast off."""
     for compute, want in (("", {(False, torch.float32)}), ("bfloat16", {(True, torch.bfloat16)})):
         workers = _workers(tmp_path, f"model.compute_dtype={compute}", f"actor.logits_chunk_size={chunk}",
                            f"model.gradient_checkpointing={str(checkpointing).lower()}")
         calls = _linear_calls(workers)
+        _passes(workers)
+        assert set(calls) <= want | {(False, torch.float32)}                # the checks, once
+        calls.clear()
         _passes(workers)
         # the shared prompt cache stayed on (a checkpointed training pass runs plain; the log-prob passes use it)
         assert workers.actor.cache_keyword is not None

@@ -176,10 +176,12 @@ def shared_cost(batch: RLBatch) -> int:
 @torch.no_grad()
 def packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device) -> bool:
     """Whether packed rows really cannot see each other in `module`: the first row of `batch` laid twice in
-    one line gives, in its second copy, the outputs of its padded forward (float32 1e-4, half 5e-2). Both
-    layouts read the same positions, so one line checks either. The random streams are left as they were:
-    the check runs at the first packed pass, which a resumed run meets at another step."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    one line gives, in its second copy, the outputs of its padded forward (float32 1e-4, half 5e-2), in the
+    weights' own dtype with autocast off. Both layouts read the same positions, so one line checks either.
+    The random streams are left as they were: the check runs at the first packed pass, which a resumed run
+    meets at another step."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+            torch.autocast(device.type, enabled=False):       # the weights' own dtype: positions, not rounding
         return _packing_agrees(module, batch, device)
 
 

@@ -44,7 +44,7 @@ from ..protocols import Actor, Critic, PolicyLoss, Workers  # noqa: F401 (Worker
 from .compile import compile_blocks
 from .lm_head import ChunkedHead
 from .packing import PackedRows, pack_rows, packed_cost, packing_agrees, packing_for, shared_cost
-from .precision import cpu_has_fast
+from .precision import Float32Attention, cpu_has_fast
 from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
 from .rows import model_inputs, token_budget_groups
 from .strategies import DataParallel, FullWeights, SingleProcess, Weights
@@ -74,9 +74,21 @@ def autocast_dtype(model: ModelConfig) -> str:
 
 def autocast(model: ModelConfig, device: torch.device) -> contextlib.AbstractContextManager:
     """`model.compute_dtype` as a context for a forward pass on `device`: torch.autocast to
-    `autocast_dtype`, or nothing when there is no cast to make."""
+    `autocast_dtype`, or nothing when there is no cast to make. On CPU a pass entered with gradients
+    enabled runs its attention in float32 (`precision.Float32Attention`: bf16's backward is slow there),
+    unless gradient checkpointing recomputes the blocks in backward, where only autocast is restored."""
     dtype = autocast_dtype(model)
-    return torch.autocast(device.type, dtype=getattr(torch, dtype)) if dtype else contextlib.nullcontext()
+    if not dtype:
+        return contextlib.nullcontext()
+    return _autocast(device, getattr(torch, dtype), float32_attention=not model.gradient_checkpointing)
+
+
+@contextlib.contextmanager
+def _autocast(device: torch.device, dtype: torch.dtype, float32_attention: bool):
+    float32_attention = float32_attention and device.type == "cpu" and torch.is_grad_enabled()
+    with torch.autocast(device.type, dtype=dtype), (Float32Attention() if float32_attention else
+                                                    contextlib.nullcontext()):
+        yield
 
 
 @functools.cache
@@ -242,11 +254,15 @@ class _TorchWorker:
     def _prompt_cache_agrees(self, plain: dict[str, Any], keep: dict, split: int, width: int) -> bool:
         """Before the first cached pass: on two rows, the outputs through the cache equal the plain
         pass's (a model that drops or misreads the cache would otherwise be wrong silently). It depends
-        only on the model, and every FSDP rank takes the same decision (each forward is a collective)."""
+        only on the model, so it runs in the weights' own dtype, autocast off (bf16's rounding differs
+        between the two shapes by more than a tolerance that would still catch a misread cache), and every
+        FSDP rank takes the same decision (each forward is a collective)."""
         few = {key: value[:2] if torch.is_tensor(value) else value for key, value in plain.items()}
-        cached = self._continue_from_prompts(few["input_ids"], few["attention_mask"], few["position_ids"], split, keep)
-        expected = self.module(**few).logits[:, -width - 1:]
-        got = self.module(**cached).logits[:, -width - 1:] if cached is not None else None
+        with torch.autocast(self.device.type, enabled=False):
+            cached = self._continue_from_prompts(few["input_ids"], few["attention_mask"], few["position_ids"],
+                                                 split, keep)
+            expected = self.module(**few).logits[:, -width - 1:]
+            got = self.module(**cached).logits[:, -width - 1:] if cached is not None else None
         tol = 1e-3 if expected.dtype in (torch.float32, torch.float64) else 5e-2     # bf16 / fp16 rounding
         agrees = got is not None and got.shape == expected.shape and \
             torch.allclose(got.float(), expected.float(), rtol=tol, atol=tol)

@@ -6,6 +6,12 @@ On x86 a bf16 matmul is fast only where oneDNN runs it with the CPU's own bf16 i
 them runs oneDNN's emulation (`gemm:jit:bf16`, a fraction of float32's rate), an AVX2-only one falls back
 to ATen's reference loop (~1 GFLOP/s). ONEDNN_MAX_CPU_ISA caps the instructions oneDNN may use, so a
 machine that has them can be made to run (and be detected) as one that has not: the tests do that.
+
+On CPU, torch's fused attention (`scaled_dot_product_attention`, its flash kernel) runs a bf16 backward
+about 4x slower than a float32 one (forward + backward at SmolLM2's shapes, 16 rows x 9 heads x 70 tokens:
+41 ms against 10-12 ms), a quarter of a bf16 update. `Float32Attention` runs the attention of a pass that
+will be differentiated in float32 instead; forward-only passes (log-probs, generation) keep bf16's kernel,
+which is as fast as float32's there.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import platform
 import sys
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
                "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
@@ -62,3 +70,24 @@ def resolve_compute_dtype(config) -> None:
     dtype, why = pick_compute_dtype(config.trainer.device)
     config.model.compute_dtype = dtype if config.model.dtype == "float32" else ""   # bf16 weights: no cast
     print(f"model.compute_dtype = auto: {config.model.compute_dtype or 'float32'} ({why})", file=sys.stderr)
+
+
+class Float32Attention(TorchFunctionMode):
+    """Inside it and under autocast, `scaled_dot_product_attention` runs in float32 (autocast off for it,
+    its inputs cast up: a transformers Llama hands it float32 queries and keys, after the rotary embedding,
+    which autocast would cast down), its output cast to autocast's dtype as autocast would have made it;
+    every other function runs as it would. For autocast passes on CPU that will be differentiated: there
+    the float32 flash kernel's backward is ~4x faster than bf16's."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        device = (args[0] if args else kwargs["query"]).device.type
+        if not torch.is_autocast_enabled(device):
+            return func(*args, **kwargs)
+        with torch.autocast(device, enabled=False):
+            up = [a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+            out = func(*up, **{k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
+                               for k, v in kwargs.items()})
+        return out.to(torch.get_autocast_dtype(device))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import prompt_batch
+from conftest import prompt_batch, with_responses
 
 from nanoverl_core import SamplingParams
 from nanoverl_hf.rollout import HFRollout
@@ -62,3 +62,26 @@ def test_a_bf16_mixed_precision_grpo_run_trains_and_saves_float32_weights(tmp_pa
     assert {t.dtype for t in saved.values()} == {torch.float32}
     optimizer = torch.load(tmp_path / "run" / "checkpoints" / "step_000003" / "actor" / "optimizer.pt")
     assert {t.dtype for s in optimizer["state"].values() for t in s.values() if t.dim() > 0} == {torch.float32}
+
+
+@pytest.mark.parametrize("check", ["share_prompts", "pack"])
+def test_in_bf16_the_prompt_cache_and_packing_checks_compare_float32_outputs(tiny_dir, make_config, capsys, check):
+    """The one-time checks of the shared prompt cache and of packing compare the model's outputs in its own
+    float32 with autocast off: in bf16 the two layouts of SmolLM2 rounded apart by more than a tolerance
+    that still catches a misread cache, and both were turned off. The passes themselves run in bf16."""
+    only = ["actor.pack=false"] if check == "share_prompts" else ["actor.share_prompts=false", "actor.pack=true"]
+    workers = make_workers(make_config(tiny_dir, "model.compute_dtype=bfloat16", *only, "data.batch_size=3"))
+    actor, calls = workers.actor, []
+    actor.module.get_output_embeddings().register_forward_hook(
+        lambda m, a, out: calls.append((torch.is_autocast_enabled("cpu"), out.dtype)))
+    prompts = [p for p in ("12=", "5555=", "301=") for _ in range(2)]
+    batch = with_responses(prompt_batch(workers.tokenizer, prompts), [[3, 4, 5, 6][:n] for n in (4, 2, 3, 1, 4, 2)],
+                           workers.tokenizer.pad_token_id)
+    first = actor.compute_log_probs(batch)
+    checked, calls[:] = calls[:], []
+    torch.testing.assert_close(actor.compute_log_probs(batch), first, rtol=0, atol=0)
+    assert "is off for this run" not in capsys.readouterr().err
+    assert (actor.cache_keyword if check == "share_prompts" else actor.packing) is not None
+    assert calls and set(calls) == {(True, torch.bfloat16)}                      # the pass
+    check = [call for call in checked if call != (True, torch.bfloat16)]       # the check: before it, in float32
+    assert len(check) >= 2 and set(check) == {(False, torch.float32)} and checked[:len(check)] == check
