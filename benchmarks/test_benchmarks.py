@@ -113,10 +113,13 @@ def test_vs_bare_runs_both_contenders():
 
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed "
                     "(pip install -r benchmarks/requirements.txt)")
-def test_vs_trl_runs_both_contenders():
-    (row,) = run("vs_trl.py", "--models", "tiny", "--steps", "1", "--warmup", "0")
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_vs_trl_runs_both_contenders(precision):
+    (row,) = run("vs_trl.py", "--models", "tiny", "--steps", "1", "--warmup", "0",
+                 *(["--bf16"] if precision == "bfloat16" else []))
     assert row["trl_cpu_s_per_step"] > 0 and row["nanoverl_cpu_s_per_step"] > 0
     assert len(row["trl_wall_s_all"]) == len(row["nanoverl_wall_s_all"]) == 1
+    assert row["precision"] == precision and row[f"gemm_gflops_{precision}"] > 0 and row["isa"]
 
 
 def test_memory_stays_flat_with_micro_batches():

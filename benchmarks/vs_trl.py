@@ -54,8 +54,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (ARITHMETIC_DATA, MODELS, ROOT, TINY_DATA, build_model, gemm_gflops, isa, machine,  # noqa: E402
-                    median, nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb, since, summary, timed_method,
-                    tmpdir, workload, workload_config)
+                    median, nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb, since, summary,
+                    timed_method, tmpdir, workload, workload_config)
 
 
 def trl_dataset(model_name: str):
