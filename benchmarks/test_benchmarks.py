@@ -61,6 +61,14 @@ def test_step_breakdown_set_overrides_every_workload():
     assert row["update_executed_fraction_of_gemm"] == row["update_fraction_of_gemm"]     # every row run whole
 
 
+def test_attention_probe_times_each_precision_forward_and_backward():
+    (row,) = run("attention_probe.py", "--rows", "2", "--heads", "2", "--tokens", "16", "--threads", "1",
+                 "--repeats", "1")
+    assert row["shape"] == [2, 2, 16, 64] and row["isa"]
+    assert set(row["results"]) == {"float32", "bfloat16", "bfloat16_attended_in_float32", "bfloat16_math_kernel"}
+    assert all(r["forward_ms"] > 0 and r["forward_backward_ms"] > 0 for r in row["results"].values())
+
+
 def test_gemm_probe_reports_the_square_and_the_model_shapes_in_each_dtype():
     from nanoverl_core.workers.ppo import cpu_has_fast
 

@@ -7,11 +7,10 @@ them runs oneDNN's emulation (`gemm:jit:bf16`, a fraction of float32's rate), an
 to ATen's reference loop (~1 GFLOP/s). ONEDNN_MAX_CPU_ISA caps the instructions oneDNN may use, so a
 machine that has them can be made to run (and be detected) as one that has not: the tests do that.
 
-On CPU, torch's fused attention (`scaled_dot_product_attention`, its flash kernel) runs a bf16 backward
-about 4x slower than a float32 one (forward + backward at SmolLM2's shapes, 16 rows x 9 heads x 70 tokens:
-41 ms against 10-12 ms), a quarter of a bf16 update. `Float32Attention` runs the attention of a pass that
-will be differentiated in float32 instead; forward-only passes (log-probs, generation) keep bf16's kernel,
-which is as fast as float32's there.
+On CPU, torch's fused attention (`scaled_dot_product_attention`, its flash kernel) runs forward +
+backward about 3x slower in bf16 than in float32 (benchmarks/attention_probe.py), and was a quarter of a
+bf16 SmolLM2 update. `Float32Attention` runs the attention of a pass that will be differentiated in
+float32 instead; forward-only passes (log-probs, generation) keep bf16's kernel, as fast as float32's there.
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ class Float32Attention(TorchFunctionMode):
     its inputs cast up: a transformers Llama hands it float32 queries and keys, after the rotary embedding,
     which autocast would cast down), its output cast to autocast's dtype as autocast would have made it;
     every other function runs as it would. For autocast passes on CPU that will be differentiated: there
-    the float32 flash kernel's backward is ~4x faster than bf16's."""
+    the float32 flash kernel's forward + backward is ~3x faster than bf16's."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
