@@ -189,8 +189,8 @@ def test_every_forward_runs_under_the_compute_dtype_and_only_then(tmp_path, chun
 def test_bf16_mixed_precision_agrees_with_float32_and_keeps_float32_state(tmp_path, chunk):
     """Same seed, same weights: bf16 autocast gives the float32 log-probs and values to bf16 rounding
     (max |diff| measured on this tiny Llama, both head paths: 1.8e-3 log-probs, 1.6e-3 values; bounds
-    1.5e-2 and 8e-3), its update moves the weights in the float32 update's direction (cosine of the parameter deltas
-    measured 0.998; bound 0.9), and weights, AdamW state and the checkpoint stay float32."""
+    1.5e-2 and 8e-3), its update moves the weights in the float32 update's direction (cosine of the
+    parameter deltas measured 0.998; bound 0.9), and weights, AdamW state and the checkpoint stay float32."""
     fp32, bf16 = (_workers(tmp_path, f"model.compute_dtype={c}", f"actor.logits_chunk_size={chunk}")
                   for c in ("", "bfloat16"))
     (b32, before32, after32), (b16, before16, after16) = _passes(fp32), _passes(bf16)
