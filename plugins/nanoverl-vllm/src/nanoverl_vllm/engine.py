@@ -386,7 +386,7 @@ def release_kv_cache(llm: LLM) -> int:
     """Give the KV cache's memory back to the OS between batches on CPU, where vLLM has no sleep mode.
 
     On a GPU `llm.sleep()` frees the cache while the trainer works; vLLM's CPU worker ignores it, so its
-    cache (sized for the largest generate call) would stay resident through the update. This drops the
+    cache (sized for one training generate call's rows) would stay resident through the update. This drops the
     prefix cache (its blocks would read zeros afterwards) and `madvise(MADV_DONTNEED)`s the cache's
     pages: the tensors stay allocated, and the next batch faults in fresh zero pages for the blocks it
     uses. Returns the bytes released (0 when requests are still running, or off Linux)."""
