@@ -255,9 +255,11 @@ WORKLOADS: dict[str, dict[str, int]] = {
 def workload_config(model_name: str, model: Path, out: Path, w: dict[str, int], *, lr: float = 1e-6,
                     extra: list[str] | None = None):
     """nanoverl_config for a model of MODELS (tiny_grpo.toml on the copy prompts) or for smollm2
-    (smollm2_arithmetic.toml: the arithmetic prompts, their reward, its micro-batches; no evaluation)."""
+    (smollm2_arithmetic.toml: the arithmetic prompts, their reward; 16-row micro-batches, as the benchmark
+    tables ran; the caller names the rollout; no evaluation)."""
     base = {} if model_name != "smollm2" else {
-        "base": SMOLLM2_CONFIG, "data": ARITHMETIC_DATA, "extra": ["trainer.eval_before_after=false", *(extra or [])]}
+        "base": SMOLLM2_CONFIG, "data": ARITHMETIC_DATA,
+        "extra": ["trainer.eval_before_after=false", "actor.micro_batch_size=16", *(extra or [])]}
     return nanoverl_config(model, out, batch=w["batch"], n=w["n"], max_new_tokens=w["max_new_tokens"], lr=lr,
                            **{"extra": extra, **base})
 

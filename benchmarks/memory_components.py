@@ -2,7 +2,7 @@
 
     .venv-vllm/bin/python benchmarks/memory_components.py --config examples/configs/smollm2_calculator.toml
     .venv/bin/python benchmarks/memory_components.py --config examples/configs/tiny_grpo.toml --steps 2
-    .venv/bin/python benchmarks/memory_components.py --config examples/configs/smollm2_arithmetic.toml rollout.name=hf
+    .venv/bin/python benchmarks/memory_components.py --config examples/configs/smollm2_arithmetic.toml
 
 The config's Trainer is built in this process exactly as `nanoverl-train` builds it (its run directory in a
 temporary folder; no evaluation, validation or checkpoints) and runs `--steps` steps. Each stage of the

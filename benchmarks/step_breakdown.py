@@ -28,7 +28,7 @@ Workloads (models in benchmarks/common.py):
   hf-10m       GRPO on the ~9.4M-parameter Llama
   hf-10m-v32k  GRPO on the ~10.3M-parameter Llama with a 32k vocabulary (--full or --workloads)
   smollm2      GRPO on the real SmolLM2-135M-Instruct, arithmetic prompts, 8 x 8 samples, exactly 32 new
-               tokens (EOS never sampled), examples/configs/smollm2_arithmetic.toml's micro-batches, hf rollout
+               tokens (EOS never sampled), 16-row micro-batches, hf rollout
   smollm2-vllm the same with the vllm rollout (run with .venv-vllm/bin/python; the old-log-prob pass runs
                because the rollout-mismatch metrics need it)
   smollm2-plain  smollm2 with every row's prompt run whole (rollout.hf.share_prompts and actor.share_prompts

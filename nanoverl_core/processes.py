@@ -145,7 +145,8 @@ def release_free_heap() -> None:
     An update's activations are freed when it ends, but glibc keeps most of them in its heap: they are
     freed chunks of a few MiB, under its mmap threshold. The next rollout (and a vLLM engine's KV cache
     filling up in this process) would then sit on top of them. The trainer calls this at each step's end,
-    so a step's peak is the larger of its phases, not their sum; the next update faults its pages back in."""
+    so a step's peak is the larger of its phases, not their sum (the next update faults its pages back in),
+    and after validation and after each checkpoint, so neither adds to the next step or the final eval."""
     try:
         import ctypes
         ctypes.CDLL(None).malloc_trim(0)

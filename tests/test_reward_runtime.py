@@ -297,3 +297,28 @@ def test_after_a_step_the_heaps_free_pages_go_back_to_the_os():
     before, freed, trimmed = map(float, proc.stdout.split())
     assert freed > before - 50, (before, freed, trimmed)                # free() kept most of the 200 MiB
     assert trimmed < freed - 150, (before, freed, trimmed)              # malloc_trim gave it back
+
+
+def test_validation_and_checkpoints_hand_their_freed_heap_back_before_the_next_step(tmp_path, monkeypatch):
+    """What validation's generate calls and a checkpoint's writing freed goes back to the OS as soon as they
+    end, as the update's does at each step's end: the next step, and the final eval, do not sit on it."""
+    from nanoverl_core import load_config, load_registry
+    from nanoverl_core.trainer import trainer as trainer_module
+
+    events: list[str] = []
+
+    def recorded(name, fn):
+        def call(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            events.append(name)
+            return out
+        return call
+
+    monkeypatch.setattr(trainer_module, "release_free_heap", lambda: events.append("trim"))
+    monkeypatch.setattr(trainer_module, "validate", recorded("validate", trainer_module.validate))
+    monkeypatch.setattr(trainer_module.Trainer, "save", recorded("save", trainer_module.Trainer.save))
+    registry = load_registry()
+    config = load_config(REINFORCE, [*BASE, "trainer.total_steps=2", "trainer.val_every=1", "reward.workers=1",
+                                     f"trainer.output_dir={tmp_path}"], registry=registry)
+    trainer_module.Trainer(config, registry).fit()
+    assert events == ["trim", "validate", "trim", "save", "trim"] * 2, events

@@ -137,9 +137,11 @@ class Trainer:
                 last = self.step == cfg.total_steps
                 if self.val_data is not None and cfg.val_every and (self.step % cfg.val_every == 0 or last):
                     metrics.update(validate(self))
+                    release_free_heap()     # as after each update: the next step (or the eval) does not sit on it
                 self._tracker_call("log_metrics", metrics, self.step)
                 if last or (cfg.save_every and self.step % cfg.save_every == 0):
                     self.save()
+                    release_free_heap()
             if cfg.eval_before_after:
                 eval_before_after(self, "after")
             success = True
