@@ -5,16 +5,21 @@
 
 One process, one model (benchmarks/common.py builds it locally), one fixed batch: `--prompts` prompts of
 16-48 tokens, `--n` samples each, responses drawn uniformly from `--min-len`..`--max-len` tokens (seeded).
-Two actors from the same weights, `actor.pack = false` (padded; prompt sharing as configured) and
-`actor.pack = true` (packed: workers/packing.py), run the same work interleaved, `--repeats` times:
+Three actors from the same weights, `actor.pack = false` (padded; prompt sharing as configured),
+`actor.pack = true` (packed: workers/packing.py, the model's own layout) and, for contrast, packed in
+LINES (the layout of eager and checkpointed models), run the same work interleaved, `--repeats` times:
 a reference log-prob pass (`compute_log_probs`, what the old-log-prob and reference stages run) and one
 update (`update`, `--micro-batch` rows per micro-batch). One JSON object:
 
+  layout                  how the packed actor lays its rows out (workers/packing.py: "rows" for an sdpa
+                          model, every row in one sequence, attended row by row)
   padding_fraction        1 - real tokens / the padded path's tokens (each micro-batch's rows x its
                           longest prompt + longest response)
-  update_s, log_probs_s   {padded, packed}: median seconds; `*_speedup` padded / packed
+  update_s, log_probs_s   {padded, packed, lines}: median seconds; `*_speedup` padded / packed,
+                          `*_lines_speedup` padded / lines
   passes_speedup          (log-prob pass + update) padded / packed: the trainer-side part of a step
-  max_log_prob_diff       the largest |packed - padded| of the first log-prob pass (fp32: ~1e-6)
+  max_log_prob_diff       the largest |packed - padded| of the first log-prob pass (fp32: ~1e-6);
+                          lines_max_log_prob_diff the same for lines
   loss_rel_diff, grad_norm_rel_diff   the first update's, relative: equal results
   isa                     avx512_bf16 / avx512f / avx2 (from /proc/cpuinfo); gemm_fp32_gflops: this CPU's
                           fp32 matmul rate at the same threads (common.gemm_gflops)
@@ -31,6 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import build_model, gemm_gflops, isa, machine, median, nanoverl_config, tmpdir  # noqa: E402
+
+from nanoverl_core.workers.packing import LINES  # noqa: E402
 
 
 def mixed_batch(tokenizer, prompts: int, n: int, min_len: int, max_len: int, seed: int = 0):
@@ -94,17 +101,18 @@ def main(argv: list[str] | None = None) -> None:
     rows = args.prompts * args.n
     micro = min(args.micro_batch, rows)
     actors = {}
-    for name, pack in (("padded", "false"), ("packed", "true")):
+    for name, pack in (("padded", "false"), ("packed", "true"), ("lines", "true")):
         cfg = nanoverl_config(model, tmp / name, batch=args.prompts, n=args.n, max_new_tokens=args.max_len,
                               lr=1e-5, extra=["worker.name=hf", "rollout.name=hf", "trainer.device=cpu",
                                               f"actor.pack={pack}", f"actor.micro_batch_size={micro}",
                                               f"trainer.num_threads={args.threads}"])
         torch.manual_seed(0)
         actors[name] = make_workers(cfg).actor
+    actors["lines"].packing = LINES               # the layout of eager and checkpointed models, for contrast
     tokenizer = make_workers(cfg).tokenizer
     batch = mixed_batch(tokenizer, args.prompts, args.n, args.min_len, args.max_len)
     real, padded = padded_tokens(actors["padded"], batch)
-    times = {"log_probs": {"padded": [], "packed": []}, "update": {"padded": [], "packed": []}}
+    times = {stage: {name: [] for name in actors} for stage in ("log_probs", "update")}
     first: dict = {}
     for repeat in range(args.repeats + 1):              # the first round warms up (the one-time checks)
         for name, actor in actors.items():
@@ -120,20 +128,23 @@ def main(argv: list[str] | None = None) -> None:
             if repeat:
                 times["update"][name].append(seconds)
             first.setdefault(name, (log_probs, metrics))
-    (lp0, m0), (lp1, m1) = first["padded"], first["packed"]
+    (lp0, m0), (lp1, m1), (lp2, _) = first["padded"], first["packed"], first["lines"]
 
     def rel(a: float, b: float) -> float:
         return abs(a - b) / max(abs(a), 1e-12)
 
     out = {"benchmark": "packing", "model": args.model, "rows": rows, "micro_batch_rows": micro,
-           "response_lengths": [args.min_len, args.max_len], "real_tokens": real, "padded_tokens": padded,
+           "response_lengths": [args.min_len, args.max_len], "layout": actors["packed"].packing,
+           "real_tokens": real, "padded_tokens": padded,
            "padding_fraction": round(1 - real / padded, 3),
            "max_log_prob_diff": float((lp1 - lp0).abs().max()),
+           "lines_max_log_prob_diff": float((lp2 - lp0).abs().max()),
            "loss_rel_diff": rel(m0["actor/loss"], m1["actor/loss"]),
            "grad_norm_rel_diff": rel(m0["actor/grad_norm"], m1["actor/grad_norm"])}
     for stage, by_path in times.items():
         out[f"{stage}_s"] = {name: round(median(v), 3) for name, v in by_path.items()}
         out[f"{stage}_speedup"] = round(median(by_path["padded"]) / median(by_path["packed"]), 2)
+        out[f"{stage}_lines_speedup"] = round(median(by_path["padded"]) / median(by_path["lines"]), 2)
     passes = {name: median(times["log_probs"][name]) + median(times["update"][name]) for name in actors}
     out["passes_speedup"] = round(passes["padded"] / passes["packed"], 2)
     out.update(isa=isa(), threads=args.threads, gemm_fp32_gflops=round(gemm_gflops(), 1), **machine())

@@ -46,6 +46,10 @@ process at the same thread count (common.gemm_gflops: the fastest 2048^3 fp32 ma
   actor_update_s_all       every measured step's update seconds (identical work on smollm2: the spread)
 The sweep varies prompts per step, samples per prompt and response length one at a time around the
 `--sweep-model`'s default workload.
+
+`--config RECIPE` runs an example recipe as it ships instead (its model, data, rollout, environment and
+micro-batches; evaluation, checkpoints, rollout dumps and trackers off; `--set` adds overrides), e.g.
+the calculator's multi-turn episodes with packing on (the default) and off (`--set actor.pack=false`).
 """
 
 from __future__ import annotations
@@ -110,7 +114,18 @@ def run_one(spec: dict) -> dict:
 
     work = tmpdir(f"breakdown-{spec['name']}")
     extra = [*spec["extra"], f"trainer.device={spec['device']}", f"trainer.num_threads={spec['threads']}"]
-    if spec["backend"] == "debug":
+    if spec["backend"] == "recipe":
+        from nanoverl_core import load_config, load_registry
+
+        config = load_config(str(ROOT / spec["config"]), [
+            f"trainer.output_dir={work / 'run'}", "trainer.total_steps=1000", "trainer.eval_before_after=false",
+            "trainer.val_every=0", "trainer.val_before_train=false", "trainer.save_every=0",
+            "trainer.rollout_samples=0", "trainer.progress=none", "tracking.trackers=[]", *extra],
+            registry=load_registry())
+        spec = {**spec, "batch": config.data.batch_size, "n": config.rollout.n,
+                "max_new_tokens": config.rollout.max_new_tokens, "model": config.model.path}
+        params = None
+    elif spec["backend"] == "debug":
         config = nanoverl_config(None, work / "run", batch=spec["batch"], n=spec["n"],
                                  max_new_tokens=spec["max_new_tokens"], extra=extra,
                                  base="examples/configs/debug_ppo.toml",
@@ -131,7 +146,8 @@ def run_one(spec: dict) -> dict:
         "critic": config.critic.enable, "reference": config.reference.enable,
         "batch_prompts": spec["batch"], "n": spec["n"], "max_new_tokens": spec["max_new_tokens"],
         "device": str(trainer.workers.actor.device), "threads": torch.get_num_threads(),
-        "steps_measured": spec["steps"], "warmup": spec["warmup"], **figures,
+        "steps_measured": spec["steps"], "warmup": spec["warmup"], "overrides": spec["extra"],
+        "actor_pack_layout": getattr(trainer.workers.actor, "packing", None) or "none", **figures,
     }
     if params is not None:
         module = trainer.workers.actor.module
@@ -191,10 +207,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="trainer.num_threads (0: torch's default)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides added to every workload (e.g. actor.micro_batch_size=64)")
+    parser.add_argument("--config", help="run this example recipe as it ships instead of --workloads (see above)")
     parser.add_argument("--one", help=argparse.SUPPRESS)   # internal: run one workload spec (JSON) here
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(run_one(json.loads(args.one))), flush=True)
+        return
+    if args.config:
+        common = {"steps": args.steps, "warmup": args.warmup, "device": args.device, "threads": args.threads}
+        spec = {"name": Path(args.config).stem, "backend": "recipe", "config": args.config, "extra": args.set,
+                **common}
+        print(json.dumps(run_json_subprocess([__file__, "--one", json.dumps(spec)])), flush=True)
         return
     specs = plan(args)
     if args.full:

@@ -39,10 +39,19 @@ def test_gpu_check_smoke_runs_every_path_on_cpu():
 def test_packing_times_packed_against_padded_at_equal_results():
     (row,) = run("packing.py", "--model", "tiny", "--prompts", "2", "--n", "2", "--min-len", "2", "--max-len", "40",
                  "--repeats", "1", "--threads", "1")
-    assert 0 < row["padding_fraction"] < 1 and row["real_tokens"] < row["padded_tokens"]
+    assert 0 < row["padding_fraction"] < 1 and row["real_tokens"] < row["padded_tokens"] and row["layout"] == "rows"
     assert row["max_log_prob_diff"] < 1e-5 and row["loss_rel_diff"] < 1e-5 and row["grad_norm_rel_diff"] < 1e-5
-    assert set(row["update_s"]) == {"padded", "packed"} and row["update_speedup"] > 0
+    assert set(row["update_s"]) == {"padded", "packed", "lines"} and row["update_speedup"] > 0
+    assert row["lines_max_log_prob_diff"] < 1e-5 and row["update_lines_speedup"] > 0
     assert row["isa"] and row["gemm_fp32_gflops"] > 0
+
+
+def test_step_breakdown_runs_a_recipe_as_it_ships_with_overrides():
+    (row,) = run("step_breakdown.py", "--config", "examples/configs/tiny_grpo.toml", "--steps", "1", "--warmup", "0",
+                 "--set", "actor.pack=false")
+    assert row["workload"] == "tiny_grpo" and row["model"] == "examples/tiny_task/model"
+    assert row["actor_pack_layout"] == "none" and "actor.pack=false" in row["overrides"]
+    assert row["batch_prompts"] * row["n"] == 16 * 16 and row["stage_s"]["actor_update"] > 0
 
 
 def test_step_breakdown_reports_every_stage_of_ppo_with_critic_and_reference():

@@ -46,18 +46,21 @@ def test_compiled_passes_equal_eager_ones_and_keep_the_checkpoints_names(tmp_pat
 
 @pytest.mark.hf
 def test_new_batch_shapes_compile_no_new_graphs(tmp_path):
-    """Dynamic shapes: after the first passes (log-prob, reference, value, both updates), batches of other
-    row counts, prompt lengths and response widths run on the graphs already compiled. (A size of exactly
-    1, one distinct prompt in a micro-batch, compiles its own graph once: torch's 0/1 specialization.)"""
+    """Dynamic shapes: after the first passes (log-prob, reference, value, both updates; packed rows, and
+    shared prompts with their one-time check), batches of other row counts, prompt lengths and response
+    widths run on the graphs already compiled. (A size of exactly 1, one distinct prompt in a micro-batch or
+    a packed micro-batch's one sequence, compiles its own graph once: torch's 0/1 specialization.)"""
     from nanoverl_core.algos.losses import vanilla
     from nanoverl_core.testing import prompt_batch, with_loss_mask
     from nanoverl_core.workers import compile_metrics
 
     workers = _workers(tmp_path, "model.compile=true")
     _passes(workers)
-    graphs = compile_metrics()["perf/compiled_graphs"]
+    graphs = None
     g = torch.Generator().manual_seed(1)
-    for prompts, width in ((["1=", "22=", "333=", "4444=", "55555=", "6="], 9), (["abcdefgh=", "7="] * 3, 2)):
+    first = [(["12=", "3=", "4444=", "55=", "6="], 7), (["abcdefgh=", "7="] * 3, 2)]      # packed, then shared
+    for i, (prompts, width) in enumerate([*first, (["1=", "22=", "333=", "4444=", "55555=", "6="], 9),
+                                          (["abcdefg=", "8="] * 4, 3)]):
         batch = prompt_batch(workers.tokenizer, prompts)
         rows = len(prompts)
         batch["responses"] = torch.randint(3, 40, (rows, width), generator=g)
@@ -70,6 +73,8 @@ def test_new_batch_shapes_compile_no_new_graphs(tmp_path):
         batch["values"] = workers.critic.compute_values(batch)
         workers.actor.update(batch, vanilla)
         workers.critic.update(batch)
+        if i == len(first) - 1:
+            graphs = compile_metrics()["perf/compiled_graphs"]
     assert compile_metrics()["perf/compiled_graphs"] == graphs
 
 

@@ -213,6 +213,7 @@ NOT_CONTRACTS = {
     "attention_dropout", "bos_token_id", "dtype", "save_pretrained", "get_text_config", "head_dim",
     "max_position_embeddings", "num_key_value_heads", "chat_template", "batch_decode",
     "_attn_implementation",  # transformers: the attention a config selects (workers/packing.py's layouts)
+    "layer_types",  # transformers: each layer's attention kind (full / sliding), which packing's layout reads
     "layers",  # transformers: a Cache's per-layer keys and values (the hf rollout keeps them across turns)
     # vLLM, MLflow, Reasoning Gym (a task config's validate()) and Python objects
     "ensure_alive", "resources", "processes", "error_code", "_metric_objs", "validate", "strerror", "__module__", "__qualname__",

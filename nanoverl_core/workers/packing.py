@@ -2,50 +2,71 @@
 
 A padded micro-batch is a rectangle, rows x (longest prompt + longest response), and on responses of
 mixed lengths most of its FLOPs multiply padding. Packed, every row's real tokens (its prompt, then its
-response) follow one another in a few long sequences ("lines"), with `position_ids` that restart at 0
-for each row and no `attention_mask`. What keeps a row from attending to the row before it is the
-model's attention implementation, reading those positions:
+response) follow one another in one or a few long sequences ("lines"), with `position_ids` that restart
+at 0 for each row. What keeps a row from attending to the row before it depends on the model's attention
+implementation:
 
-    eager, sdpa, flex_attention   transformers' masking_utils (`find_packed_sequence_indices`) sees the
-                                  positions restart and builds a block-diagonal causal mask; the cost
-                                  of a line is quadratic in its length, so rows go into lines no
-                                  longer than the micro-batch's longest row (first fit, longest first),
-                                  each line's tail a padding segment of its own (positions 0, 1, ...)
-    flash_attention_2 / 3 / 4     cu_seqlens from the positions (`prepare_fa_kwargs_from_position_ids`):
-                                  varlen attention costs nothing across rows, so one line (batch 1)
+    sdpa (every layer plain      ROWS: every row in one line, no padding at all; for the packed
+    causal, not checkpointed)    forward the model's attention implementation is `row_attention`
+                                 (registered with transformers' AttentionInterface), which hands each
+                                 row's own queries, keys and values to sdpa, causal: attention costs
+                                 the sum of the rows' squared lengths and no mask is built
+    eager, flex_attention, the   LINES: transformers' masking_utils (`find_packed_sequence_indices`)
+    other sdpa models            sees the positions restart and builds a block-diagonal causal mask;
+                                 the cost of a line is quadratic in its length, so rows go into lines
+                                 no longer than the micro-batch's longest row (first fit, longest
+                                 first), each line's tail a padding segment of its own (positions 0, 1, ...)
+    flash_attention_2 / 3 / 4    ONE_LINE: cu_seqlens from the positions
+                                 (`prepare_fa_kwargs_from_position_ids`): varlen attention costs nothing
+                                 across rows, so one line (batch 1)
 
-A model whose attention implementation is none of these (the debug worker's pure-torch model, remote
-code) cannot be packed (`packing_layout` is None). Before the first packed pass `packing_agrees`
-checks on one row laid twice in one line that the second copy's outputs equal the row's padded ones:
-a model that ignored the positions would let the copy attend to the first.
+ROWS switches the model's attention implementation for the length of a packed forward only
+(`PackedRows.attending`); a checkpointed model would recompute its blocks in backward, outside that
+switch, so it packs in LINES. A model whose attention implementation is none of these (the debug
+worker's pure-torch model, remote code) cannot be packed (`packing_layout` is None). Before the first
+packed pass `packing_agrees` checks on one row laid twice in one line that the second copy's outputs
+equal the row's padded ones: a model that ignored the positions would let the copy attend to the first.
 
 Shapes: B rows, R' the trimmed response width (as `rows.model_inputs`), k lines of W tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import attrs
 import torch
 
 from ..batch import RLBatch
 from ..errors import ConfigError
+from .prompt_cache import checkpointed
 from .rows import model_inputs
 
-LINES, ONE_LINE = "lines", "one line"
-"""The two layouts: lines of the longest row's length (a dense mask), or every row in one sequence (varlen)."""
+LINES, ONE_LINE, ROWS = "lines", "one line", "rows"
+"""The three layouts: lines of the longest row's length (a dense mask), every row in one sequence (varlen
+attention), or every row in one sequence attended row by row (`row_attention`)."""
+
+ROW_ATTENTION = "nanoverl_rows"
+"""The name `row_attention` is registered under in transformers' AttentionInterface."""
+
+
+def _config(module: torch.nn.Module):
+    if callable(getattr(module, "get_base_model", None)):      # peft: the transformers model under the adapter
+        module = module.get_base_model()
+    return getattr(module, "config", None)
 
 
 def _attention_implementation(module: torch.nn.Module) -> str | None:
-    if callable(getattr(module, "get_base_model", None)):      # peft: the transformers model under the adapter
-        module = module.get_base_model()
-    config = getattr(module, "config", None)
-    return getattr(config, "_attn_implementation", None)
+    return getattr(_config(module), "_attn_implementation", None)
 
 
 def packing_layout(module: torch.nn.Module) -> str | None:
-    """How `module` can run packed rows: LINES (eager, sdpa, flex_attention: the mask from position_ids),
-    ONE_LINE (flash attention: cu_seqlens from position_ids), or None (it cannot)."""
+    """How `module` can run packed rows: ROWS (sdpa, every layer plain causal attention, no activation
+    checkpointing), LINES (eager, flex_attention, other sdpa models: the mask from position_ids), ONE_LINE
+    (flash attention: cu_seqlens from position_ids), or None (it cannot)."""
     name = _attention_implementation(module)
+    if name == "sdpa" and _plain_causal(_config(module)) and not checkpointed(module):
+        return ROWS
     if name in ("eager", "sdpa", "flex_attention"):
         return LINES
     if isinstance(name, str) and name.startswith("flash_attention"):
@@ -65,6 +86,52 @@ def packing_for(module: torch.nn.Module, pack: bool | str, key: str) -> str | No
     return layout
 
 
+def _plain_causal(config) -> bool:
+    """Whether every attention layer of a transformers `config` is plain causal attention: no sliding window
+    and no logit softcapping (which `row_attention` would not apply)."""
+    return all(getattr(config, key, None) is None for key in ("sliding_window", "attn_logit_softcapping")) and \
+        all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ["full_attention"])
+
+
+def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                  **kwargs) -> tuple[torch.Tensor, None]:
+    """A transformers attention function (AttentionInterface) for one ROWS line: query (1, H, T, D) and key /
+    value (1, H_kv, T, D) of rows laid end to end, where `cu_seq_lens_q` (B + 1,) says (without it, each
+    sequence is one row); each row attended causally on its own by transformers' sdpa function. Returns
+    ((1, T, H, D), None) as that function does."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if attention_mask is not None or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
+        raise ValueError("row_attention runs plain causal attention: no mask, sliding window or softcap")
+    starts = kwargs.get("cu_seq_lens_q")
+    lengths = torch.diff(starts).tolist() if starts is not None else [query.shape[2]]     # without: one row
+    rows = zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2))
+    return torch.cat([sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling,
+                                             is_causal=True)[0] for q, k, v in rows], 1), None
+
+
+@contextlib.contextmanager
+def _attending_rows(module: torch.nn.Module):
+    """`module` attends through `row_attention` inside the block (its attention implementation switched and
+    switched back): transformers builds no mask for an implementation it has no mask function for."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ROW_ATTENTION, row_attention)
+    config = _config(module)
+    before = config._attn_implementation
+    config._attn_implementation = ROW_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def attending(packed: PackedRows | None, module: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """`packed.attending(module)`, or nothing for a padded pass (None)."""
+    return packed.attending(module) if packed is not None else contextlib.nullcontext()
+
+
 @attrs.frozen
 class PackedRows:
     """A micro-batch's rows packed into k lines, and where each response token's prediction is."""
@@ -76,16 +143,25 @@ class PackedRows:
     valid: torch.Tensor          # (B, R') bool, response_mask: the tokens that exist
     kept: torch.Tensor           # (K,) sorted: the columns holding any predicting position
     width: int                   # R'
+    starts: torch.Tensor | None = None   # ROWS: (B + 1,) where each row starts, then the line's end; on the
+                                         # CPU, where row_attention reads it (no device sync per layer)
 
     def to(self, device: torch.device) -> PackedRows:
-        return PackedRows(*(t.to(device) for t in (self.input_ids, self.position_ids, self.line, self.column,
-                                                  self.valid, self.kept)), self.width)
+        tensors = (self.input_ids, self.position_ids, self.line, self.column, self.valid, self.kept)
+        return PackedRows(*(t.to(device) for t in tensors), self.width, self.starts)
 
     def inputs(self, keep_logits: bool) -> dict:
         """The module's keyword arguments: no attention_mask (the positions are the mask, see the module
-        docstring); keep_logits: a transformers head runs on the `kept` columns only (`logits_to_keep`)."""
+        docstring; ROWS: the rows' bounds as `cu_seq_lens_q`); keep_logits: a transformers head runs on the
+        `kept` columns only (`logits_to_keep`). Run the module on them inside `attending`."""
         keep = {"logits_to_keep": self.kept} if keep_logits else {}
-        return {"input_ids": self.input_ids, "position_ids": self.position_ids, **keep}
+        rows = {"cu_seq_lens_q": self.starts} if self.starts is not None else {}
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, **rows, **keep}
+
+    def attending(self, module: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """The context a forward of `module` on `inputs` runs in: ROWS switches its attention to
+        `row_attention`; the other layouts need nothing."""
+        return _attending_rows(module) if self.starts is not None else contextlib.nullcontext()
 
     def pick(self, out: torch.Tensor, kept: bool = False) -> torch.Tensor:
         """(k, W, ...) outputs (or (k, K, ...), `kept` columns only) -> (B, R', ...) at each response token's
@@ -108,7 +184,7 @@ def pack_rows(batch: RLBatch, layout: str, pad_token_id: int = 0) -> PackedRows:
 
     Every row keeps its real tokens only (prompt_mask, response_mask), positions 0 .. p + r - 1, as the
     padded path's attention mask and positions see them. LINES: lines of the longest row's length, rows
-    placed first-fit longest first (ties in row order); ONE_LINE: one line in row order.
+    placed first-fit longest first (ties in row order); ONE_LINE and ROWS: one line in row order.
     """
     prompt_mask, response_mask = batch["prompt_mask"].bool(), batch["response_mask"].bool()
     rows = [torch.cat([p[m], r[n]]) for p, m, r, n in zip(batch["prompts"], prompt_mask, batch["responses"],
@@ -119,7 +195,7 @@ def pack_rows(batch: RLBatch, layout: str, pad_token_id: int = 0) -> PackedRows:
                          "position predicting it")
     lengths = [len(row) for row in rows]
     lines = _lines(lengths, layout)
-    capacity = sum(lengths) if layout == ONE_LINE else max(lengths)
+    capacity = max(lengths) if layout == LINES else sum(lengths)
     ids = torch.full((len(lines), capacity), pad_token_id, dtype=torch.long)
     pos = torch.zeros((len(lines), capacity), dtype=torch.long)
     width = int(response_mask.any(0).nonzero()[-1]) + 1 if response_mask.any() else 1
@@ -136,13 +212,14 @@ def pack_rows(batch: RLBatch, layout: str, pad_token_id: int = 0) -> PackedRows:
             start += lengths[b]
         pos[i, start:] = torch.arange(capacity - start)            # the tail: a segment of its own
     valid = response_mask[:, :width].clone()
-    return PackedRows(ids, pos, line, column, valid, torch.unique(column[valid]), width)
+    starts = torch.tensor([0, *lengths]).cumsum(0) if layout == ROWS else None
+    return PackedRows(ids, pos, line, column, valid, torch.unique(column[valid]), width, starts)
 
 
 def _lines(lengths: list[int], layout: str) -> list[list[int]]:
-    """The rows of each line: ONE_LINE, all in row order; LINES, first fit into lines of the longest row's
-    length, longest row first (ties in row order)."""
-    if layout == ONE_LINE:
+    """The rows of each line: ONE_LINE and ROWS, all in row order; LINES, first fit into lines of the longest
+    row's length, longest row first (ties in row order)."""
+    if layout != LINES:
         return [list(range(len(lengths)))]
     lines: list[list[int]] = []
     room: list[int] = []
@@ -160,7 +237,7 @@ def _lines(lengths: list[int], layout: str) -> list[list[int]]:
 def packed_cost(batch: RLBatch, layout: str) -> int:
     """Tokens a packed pass of `batch` runs: the real ones, and for LINES the lines' padded tails."""
     lengths = [p + r for p, r in zip(*row_lengths(batch))]
-    return sum(lengths) if layout == ONE_LINE else len(_lines(lengths, layout)) * max(lengths)
+    return len(_lines(lengths, layout)) * max(lengths) if layout == LINES else sum(lengths)
 
 
 def shared_cost(batch: RLBatch) -> int:
@@ -174,22 +251,24 @@ def shared_cost(batch: RLBatch) -> int:
 
 
 @torch.no_grad()
-def packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device) -> bool:
+def packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device, layout: str) -> bool:
     """Whether packed rows really cannot see each other in `module`: the first row of `batch` laid twice in
     one line gives, in its second copy, the outputs of its padded forward (float32 1e-4, half 5e-2), in the
-    weights' own dtype with autocast off. Both layouts read the same positions, so one line checks either.
+    weights' own dtype with autocast off, packed in `layout`'s way: LINES and ONE_LINE read the same
+    positions, so one line checks either; ROWS checks its own attention.
     The random streams are left as they were: the check runs at the first packed pass, which a resumed run
     meets at another step."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
             torch.autocast(device.type, enabled=False):       # the weights' own dtype: positions, not rounding
-        return _packing_agrees(module, batch, device)
+        return _packing_agrees(module, batch, device, layout)
 
 
-def _packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device) -> bool:
+def _packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device, layout: str) -> bool:
     row = int(batch["response_mask"].sum(-1).argmax())           # the longest response: the most to compare
     one = batch.index([row])
-    packed = pack_rows(batch.index([row, row]), ONE_LINE).to(device)
-    out = module(**packed.inputs(keep_logits=False)).logits
+    packed = pack_rows(batch.index([row, row]), ROWS if layout == ROWS else ONE_LINE).to(device)
+    with packed.attending(module):
+        out = module(**packed.inputs(keep_logits=False)).logits
     got = packed.pick(out)[1]                                     # the second copy: (R', V)
     mask = torch.cat([one["prompt_mask"], one["response_mask"][:, :packed.width].to(one["prompt_mask"].dtype)], 1)
     ids = torch.cat([one["prompts"], one["responses"][:, :packed.width]], 1).to(device)

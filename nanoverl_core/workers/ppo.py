@@ -43,7 +43,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..protocols import Actor, Critic, PolicyLoss, Workers  # noqa: F401 (Workers: re-exported)
 from .compile import compile_blocks
 from .lm_head import ChunkedHead
-from .packing import PackedRows, pack_rows, packed_cost, packing_agrees, packing_for, shared_cost
+from .packing import PackedRows, attending, pack_rows, packed_cost, packing_agrees, packing_for, shared_cost
 from .precision import Float32Attention, cpu_has_fast
 from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
 from .rows import model_inputs, token_budget_groups
@@ -128,6 +128,9 @@ class _TorchWorker:
 
     metric_prefix = "actor"
     """The worker's metric names start with it (actor/grad_norm), and so do the config keys messages name."""
+    keeps_logits = False
+    """Whether the module's forward takes logits_to_keep and the worker asks for the last positions only
+    (the actor's log-probs; a value head's outputs are all kept)."""
 
     def __init__(self, module: torch.nn.Module, config: Config, section: ActorConfig | CriticConfig, *,
                  trainable: bool, mini_batch_prompts: int, device: torch.device | str,
@@ -199,14 +202,23 @@ class _TorchWorker:
         keep = {"logits_to_keep": width + 1} if keep_logits else {}
         plain = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **keep}
         split = ids.shape[1] - width - 1                 # prompt columns that go into the cache
-        if not self._shares_prompts(split):
+        if not self._shares_prompts(split) or not self._prompt_cache_works(batch):
             return plain, width
+        return self._continue_from_prompts(ids, mask, pos, split, keep), width
+
+    def _prompt_cache_works(self, batch: RLBatch) -> bool:
+        """Whether the shared prompt cache serves this module: `_prompt_cache_agrees`, once, on the first
+        batch that would go through it, before that batch's pass is laid out. The pass then takes the
+        path every later pass takes (a resumed run meets the check at another step than the unbroken run
+        and must compute what it computed)."""
         if not self.prompts_checked:
             self.prompts_checked = True
-            if not self._prompt_cache_agrees(plain, keep, split, width):
+            ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
+            keep = {"logits_to_keep": width + 1} if self.keeps_logits else {}
+            plain = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **keep}
+            if not self._prompt_cache_agrees(plain, keep, ids.shape[1] - width - 1, width):
                 self.cache_keyword = None
-                return plain, width
-        return self._continue_from_prompts(ids, mask, pos, split, keep), width
+        return self.cache_keyword is not None
 
     def _shares_prompts(self, split: int) -> bool:
         """Whether a pass whose prompts put `split` columns into the cache runs through the shared prompt cache."""
@@ -225,12 +237,12 @@ class _TorchWorker:
         if self._shares_prompts(ids.shape[1] - width - 1):
             packed, shared = self.parallel.sum(torch.tensor([packed_cost(batch, self.packing), shared_cost(batch)],
                                                             dtype=torch.float64)).tolist()
-            if shared < packed:
+            if shared < packed and self._prompt_cache_works(batch):
                 return None
         if not self.packing_checked:
             self.packing_checked = True
             with self.weights.inference(self.module):          # as a log-prob pass: no adapter dropout
-                agrees = packing_agrees(self.module, batch, self.device)
+                agrees = packing_agrees(self.module, batch, self.device, self.packing)
             if self.parallel.max(int(not agrees)):
                 key = f"{self.metric_prefix}.pack"
                 if self.section.pack is True:
@@ -369,8 +381,9 @@ class TorchActor(_TorchWorker):
     def forward(self, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy.
         The module runs under `model.compute_dtype` (autocast); log-softmax and entropy take float32 logits."""
-        with self.autocast():
+        with self.autocast(), contextlib.ExitStack() as stack:
             inputs, width, packed = self._inputs(batch)
+            stack.enter_context(attending(packed, self.module))
             responses = batch["responses"][:, :width].to(self.device)             # (B, R')
             valid = batch["response_mask"][:, :width].to(self.device).bool()
             scores = None
@@ -412,7 +425,8 @@ class TorchActor(_TorchWorker):
         def both(mb: RLBatch) -> torch.Tensor:
             with self.autocast():
                 inputs, width, packed = self._inputs(mb)
-                logits = self._logits(inputs, width, packed)
+                with attending(packed, self.module):
+                    logits = self._logits(inputs, width, packed)
             pair = torch.stack([logprobs_from_logits(logits, mb["responses"][:, :width].to(self.device)),
                                 sum_pi_squared_from_logits(logits)], dim=-1)                  # (b, R', 2)
             return torch.nn.functional.pad(pair, (0, 0, 0, mb["responses"].shape[1] - width))
@@ -508,7 +522,8 @@ class TorchCritic(_TorchWorker):
         with self.autocast():
             packed = self.packed_rows(batch)
             if packed is not None:                # (k, W) -> each response token's state; 0 on padding
-                values = packed.pick(self.module(**packed.inputs(keep_logits=False)).logits[..., 0].float())
+                with packed.attending(self.module):
+                    values = packed.pick(self.module(**packed.inputs(keep_logits=False)).logits[..., 0].float())
                 values = values.masked_fill(~packed.valid, 0)
             else:
                 inputs, width = self.module_inputs(batch)

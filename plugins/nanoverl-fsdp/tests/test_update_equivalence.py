@@ -50,11 +50,11 @@ def test_two_ranks_give_the_single_process_log_probs_values_metrics_and_paramete
 
 
 def test_packed_on_two_ranks_gives_the_padded_single_process_update(results, tiny_model, tmp_path):
-    """The ranks pack their micro-batches (actor.pack = "auto": the tiny sdpa Llama packs), by rows and by a
-    token budget of real tokens; one process runs padded rectangles: the same log-probs, values, metrics
-    and optimizer steps, to the ATOL of two padded ranks."""
+    """The ranks pack their micro-batches (actor.pack = "auto": the tiny sdpa Llama packs each micro-batch in
+    one line, attended row by row), by rows and by a token budget of real tokens; one process runs padded
+    rectangles: the same log-probs, values, metrics and optimizer steps, to the ATOL of two padded ranks."""
     _, fsdp, _ = results
-    assert fsdp["packing"] == ["lines", "lines"]
+    assert fsdp["packing"] == ["rows", "rows"]
     padded = ("actor.pack=false", "critic.pack=false")
     torch.manual_seed(0)
     hf = update_driver.run("hf", tiny_model, replay=fsdp, extra=padded)

@@ -1,7 +1,8 @@
 """actor.pack / critic.pack: a micro-batch's rows laid end to end (workers/packing.py). Log-probs, entropy,
-values, losses and every gradient equal the padded pass's, on single-turn and multi-turn rows, with
-micro-batches by rows and by a token budget; rows of one packed line cannot see each other; a model
-whose attention ignores the positions is caught; the debug worker's model cannot pack."""
+values, losses and every gradient equal the padded pass's, in both layouts an sdpa model packs in (ROWS,
+LINES), on single-turn and multi-turn rows, with micro-batches by rows and by a token budget; rows of one
+packed line cannot see each other; a model whose attention ignores the positions is caught; the layout
+follows the attention implementation and checkpointing; the debug worker's model cannot pack."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from conftest import prompt_batch, with_responses
 from nanoverl_core import ConfigError
 from nanoverl_core.algos.losses import vanilla
 from nanoverl_core.testing import with_loss_mask
-from nanoverl_core.workers.packing import LINES, ONE_LINE, pack_rows
+from nanoverl_core.workers.packing import LINES, ONE_LINE, ROWS, pack_rows, packing_layout, row_attention
 from nanoverl_hf.workers import make_workers
 
 PROMPTS = ["12=", "9876=", "5=", "333=", "40=", "7777777="]
@@ -39,14 +40,17 @@ def mixed_batch(tok, multiturn: bool = False, seed: int = 0):
     return batch
 
 
-def run(make_config, tiny_dir, pack: bool, *overrides: str, multiturn: bool = False):
-    """One actor update and one critic update from the same weights; what each pass produced."""
+def run(make_config, tiny_dir, pack: bool, *overrides: str, multiturn: bool = False, layout: str = ROWS):
+    """One actor update and one critic update from the same weights (packed: in `layout`); what each pass
+    produced."""
     cfg = make_config(tiny_dir, f"actor.pack={str(pack).lower()}", f"critic.pack={str(pack).lower()}",
                       "critic.enable=true", "actor.lr=1e-2", "critic.lr=1e-2", "actor.entropy_coeff=0.1",
                       "rollout.temperature=0.7", "data.batch_size=6", *NO_SHARING, *overrides)
     workers = make_workers(cfg)
     actor, critic = workers.actor, workers.critic
-    assert (actor.packing == LINES) == pack and (critic.packing == LINES) == pack
+    assert actor.packing == critic.packing == (ROWS if pack else None)       # an sdpa model's own layout
+    if pack:
+        actor.packing = critic.packing = layout
     batch = mixed_batch(workers.tokenizer, multiturn)
     with torch.no_grad():
         log_probs, entropy = actor.forward(batch, with_entropy=True)
@@ -79,9 +83,11 @@ def assert_same_gradients(got: dict, want: dict, rtol: float = 1e-5) -> float:
                                    ["actor.max_tokens_per_micro_batch=30", "critic.max_tokens_per_micro_batch=30"]],
                          ids=["whole", "rows", "budget"])
 @pytest.mark.parametrize("chunk", [0, 4])
-def test_packed_passes_and_updates_equal_the_padded_ones(tiny_dir, make_config, multiturn, split, chunk):
+@pytest.mark.parametrize("layout", [ROWS, LINES])
+def test_packed_passes_and_updates_equal_the_padded_ones(tiny_dir, make_config, multiturn, split, chunk, layout):
     padded = run(make_config, tiny_dir, False, f"actor.logits_chunk_size={chunk}", *split, multiturn=multiturn)
-    packed = run(make_config, tiny_dir, True, f"actor.logits_chunk_size={chunk}", *split, multiturn=multiturn)
+    packed = run(make_config, tiny_dir, True, f"actor.logits_chunk_size={chunk}", *split, multiturn=multiturn,
+                 layout=layout)
     batch, mask = padded[0], padded[0]["response_mask"].bool()
     for want, got in zip(padded[1:4], packed[1:4]):         # log-probs, entropy, values
         torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-5)
@@ -95,11 +101,13 @@ def test_packed_passes_and_updates_equal_the_padded_ones(tiny_dir, make_config, 
     assert (packed[6] - batch["old_log_probs"]).abs().max() > 1e-3
 
 
-def test_rows_of_one_packed_line_cannot_see_each_other(tiny_dir, make_config):
+@pytest.mark.parametrize("layout", [ROWS, LINES])
+def test_rows_of_one_packed_line_cannot_see_each_other(tiny_dir, make_config, layout):
     workers = make_workers(make_config(tiny_dir, "actor.pack=true", "actor.share_prompts=false",
                                        "data.batch_size=6"))
     actor, batch = workers.actor, mixed_batch(workers.tokenizer)
-    packed = pack_rows(batch, LINES)
+    actor.packing = layout
+    packed = pack_rows(batch, layout)
     assert packed.input_ids.shape[0] < len(batch)           # rows do share lines
     line_of = packed.line[:, 0].tolist()
     neighbour = next(b for b in range(1, len(batch)) if line_of[b] == line_of[0])
@@ -118,7 +126,7 @@ def test_rows_of_one_packed_line_cannot_see_each_other(tiny_dir, make_config):
     # the test has teeth: positions that do not restart make the line one sequence, and the line-mate moves
     leaky = dict(packed.inputs(keep_logits=False), position_ids=torch.arange(packed.input_ids.shape[1])[None]
                  .expand_as(packed.input_ids))
-    changed_packed = pack_rows(changed, LINES)
+    changed_packed = pack_rows(changed, layout)
     with torch.no_grad():
         a = packed.pick(actor.module(**leaky).logits)
         b = changed_packed.pick(actor.module(**dict(leaky, input_ids=changed_packed.input_ids)).logits)
@@ -149,10 +157,12 @@ def test_the_debug_model_cannot_pack_auto_falls_back_and_true_exits_2(tmp_path):
 
 
 def test_a_model_that_ignores_the_positions_is_caught(tiny_dir, make_config, capsys):
+    """In LINES the restarting positions are what keeps rows apart (ROWS attends to each row on its own)."""
     for pack in ("auto", "true"):
         workers = make_workers(make_config(tiny_dir, f"actor.pack={pack}", "actor.share_prompts=false",
                                            "data.batch_size=6"))
         actor, batch = workers.actor, mixed_batch(workers.tokenizer)
+        actor.packing = LINES
         forward = actor.module.forward
 
         def blind(*args, forward=forward, **kwargs):        # positions 0, 1, ... over the whole line
@@ -185,5 +195,67 @@ def test_shared_prompts_win_where_they_run_fewer_tokens(tiny_dir, make_config):
     mixed = with_responses(prompt_batch(tok, ["1="] * 6), [[3] * n for n in (1, 1, 1, 1, 1, 40)], tok.pad_token_id)
     fed.clear()
     actor.compute_log_probs(mixed)
-    # (after the one-time check, 2 forwards of one row): 2 lines as long as the longest row, not 6 rows
-    assert fed[2:] == [(2, 42)]
+    # (after the one-time check, 2 forwards of one row): the 6 rows' 57 real tokens in one line, not 6 x 42
+    assert fed[2:] == [(1, 57)]
+
+
+def test_the_layout_follows_the_attention_implementation_and_checkpointing(tiny_dir, make_config):
+    """sdpa packs in ROWS; eager, a sliding window or activation checkpointing (whose recomputation in
+    backward runs outside the packed forward's attention switch) in LINES; the two give the same log-probs."""
+    workers = make_workers(make_config(tiny_dir, "actor.pack=true", "actor.share_prompts=false",
+                                       "data.batch_size=6"))
+    actor, batch, config = workers.actor, mixed_batch(workers.tokenizer), workers.actor.module.config
+    assert config._attn_implementation == "sdpa" and packing_layout(actor.module) == ROWS
+    rows = actor.compute_log_probs(batch)
+    assert config._attn_implementation == "sdpa"                # switched back after the packed forward
+    config._attn_implementation = "eager"
+    assert packing_layout(actor.module) == LINES
+    actor.packing = LINES
+    torch.testing.assert_close(actor.compute_log_probs(batch), rows, rtol=0, atol=1e-5)
+    config._attn_implementation = "sdpa"
+    config.sliding_window = 4
+    assert packing_layout(actor.module) == LINES
+    config.sliding_window = None
+    checkpointed = make_workers(make_config(tiny_dir, "actor.pack=true", "model.gradient_checkpointing=true"))
+    assert checkpointed.actor.packing == LINES
+
+
+def test_row_attention_refuses_what_it_would_not_apply():
+    q = torch.randn(1, 2, 5, 4)
+    starts = torch.tensor([0, 2, 5])
+    module = torch.nn.Module()
+    out, _ = row_attention(module, q, q, q, None, cu_seq_lens_q=starts)
+    want = torch.cat([torch.nn.functional.scaled_dot_product_attention(q[..., :2, :], q[..., :2, :], q[..., :2, :],
+                                                                       is_causal=True),
+                      torch.nn.functional.scaled_dot_product_attention(q[..., 2:, :], q[..., 2:, :], q[..., 2:, :],
+                                                                       is_causal=True)], 2)
+    torch.testing.assert_close(out, want.transpose(1, 2))
+    for bad in ({"sliding_window": 2}, {"softcap": 30.0}):
+        with pytest.raises(ValueError, match="plain causal attention"):
+            row_attention(module, q, q, q, None, cu_seq_lens_q=starts, **bad)
+    with pytest.raises(ValueError, match="plain causal attention"):
+        row_attention(module, q, q, q, torch.ones(1, 1, 5, 5, dtype=torch.bool), cu_seq_lens_q=starts)
+
+
+def test_the_pass_that_finds_the_prompt_cache_broken_is_laid_out_as_every_later_pass(tiny_dir, make_config, capsys):
+    """The one-time cache check runs before its pass chooses between sharing and packing, so that pass is
+    packed like every later one: a resumed run meets the check at another step than the unbroken run and
+    must compute, bit for bit, what that run computed."""
+    workers = make_workers(make_config(tiny_dir, "rollout.n=6", "data.batch_size=1"))
+    actor, tok = workers.actor, workers.tokenizer
+    forward = actor.module.forward
+
+    def forgetful(*args, **kwargs):                     # ignores the cache it is given: the check fails
+        kwargs.pop(actor.cache_keyword, None)
+        return forward(*args, **kwargs)
+    actor.module.forward = forgetful
+    responses = [[3, 4], [5], [3, 4, 5, 6], [7, 8, 9], [3], [4, 4]]
+    batch = with_responses(prompt_batch(tok, ["123456789012345="] * 6), responses, tok.pad_token_id)
+    fed: list[tuple[int, int]] = []
+    actor.module.get_input_embeddings().register_forward_pre_hook(lambda _, args: fed.append(tuple(args[0].shape)))
+    first = actor.compute_log_probs(batch)               # sharing runs fewer tokens here, until the check fails
+    assert actor.cache_keyword is None and "actor.share_prompts is off" in capsys.readouterr().err
+    first_pass = fed[-1]
+    fed.clear()
+    assert torch.equal(actor.compute_log_probs(batch), first)
+    assert first_pass == fed[-1] == (1, 6 * 16 + 13)     # packed both times: the rows' real tokens in one line

@@ -113,7 +113,7 @@ def test_gradient_checkpointing_trains_plain_and_still_shares_no_grad_passes(tin
 
 
 def test_a_model_that_drops_the_cache_is_caught_and_runs_plain(tiny_dir, make_config, capsys):
-    workers = make_workers(make_config(tiny_dir, f"rollout.n={N}", "data.batch_size=3"))
+    workers = make_workers(make_config(tiny_dir, f"rollout.n={N}", "data.batch_size=3", "actor.pack=false"))
     actor = workers.actor
     forward = actor.module.forward
 
