@@ -33,6 +33,7 @@ Shapes: B rows, R' the trimmed response width (as `rows.model_inputs`), k lines 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import attrs
 import torch
@@ -98,17 +99,50 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
                   **kwargs) -> tuple[torch.Tensor, None]:
     """A transformers attention function (AttentionInterface) for one ROWS line: query (1, H, T, D) and key /
     value (1, H_kv, T, D) of rows laid end to end, where `cu_seq_lens_q` (B + 1,) says (without it, each
-    sequence is one row); each row attended causally on its own by transformers' sdpa function. Returns
-    ((1, T, H, D), None) as that function does."""
+    sequence is one row); each row attended causally on its own by transformers' sdpa function: one call a
+    row, or, where many rows share a length (short rows of a small model, where calls cost more than the
+    arithmetic), the rows of one length in one call. Returns ((1, T, H, D), None) as that function does."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if attention_mask is not None or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise ValueError("row_attention runs plain causal attention: no mask, sliding window or softcap")
     starts = kwargs.get("cu_seq_lens_q")
-    lengths = torch.diff(starts).tolist() if starts is not None else [query.shape[2]]     # without: one row
-    rows = zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2))
-    return torch.cat([sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling,
-                                             is_causal=True)[0] for q, k, v in rows], 1), None
+    lengths = tuple(torch.diff(starts).tolist()) if starts is not None else (query.shape[2],)  # without: one row
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:     # (rows, H, L, D) each
+        return sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
+
+    order, back, groups = _row_groups(lengths, query.device)
+    if 2 * len(groups) > len(lengths):            # most rows of a length of their own: one call a row
+        rows = zip(*(x.split(lengths, 2) for x in (query, key, value)))
+        return torch.cat([attend(*row) for row in rows], 1), None
+    q, k, v = (x[0].index_select(1, order) for x in (query, key, value))     # (H, T, D), rows grouped by length
+    out = []
+    for offset, rows, length in groups:           # the rows of one length attended in one call, as a batch
+        out.append(attend(*(x[:, offset:offset + rows * length].unflatten(1, (rows, length)).transpose(0, 1)
+                            for x in (q, k, v))).flatten(0, 1))
+    return torch.cat(out).index_select(0, back)[None], None
+
+
+@functools.lru_cache(maxsize=16)
+def _row_groups(lengths: tuple[int, ...], device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+    """For rows of `lengths` laid end to end: the token order that puts rows of one length together
+    (`order`, (T,) on `device`), its inverse (`back`), and each group's (offset in that order, rows, length).
+    Every layer of a pass asks for the same rows: cached."""
+    starts = [0]
+    for length in lengths:
+        starts.append(starts[-1] + length)
+    by_length: dict[int, list[int]] = {}
+    for row, length in enumerate(lengths):
+        by_length.setdefault(length, []).append(row)
+    order, groups, offset = [], [], 0
+    for length, rows in by_length.items():
+        order += [t for row in rows for t in range(starts[row], starts[row] + length)]
+        groups.append((offset, len(rows), length))
+        offset += len(rows) * length
+    order = torch.tensor(order, device=device)
+    return order, torch.argsort(order), groups
 
 
 @contextlib.contextmanager

@@ -220,16 +220,18 @@ def test_the_layout_follows_the_attention_implementation_and_checkpointing(tiny_
     assert checkpointed.actor.packing == LINES
 
 
-def test_row_attention_refuses_what_it_would_not_apply():
-    q = torch.randn(1, 2, 5, 4)
-    starts = torch.tensor([0, 2, 5])
+@pytest.mark.parametrize("bounds", [(0, 2, 5, 7), (0, 2, 4, 6, 9, 11)], ids=["a call a row", "a call a length"])
+def test_row_attention_refuses_what_it_would_not_apply(bounds):
+    """Rows laid end to end, each attended causally on its own: lengths 2, 3, 2 (one call a row), or
+    2, 2, 2, 3, 2 (the rows of one length in one call)."""
+    q = torch.randn(1, 2, bounds[-1], 4)
+    starts = torch.tensor(bounds)
     module = torch.nn.Module()
     out, _ = row_attention(module, q, q, q, None, cu_seq_lens_q=starts)
-    want = torch.cat([torch.nn.functional.scaled_dot_product_attention(q[..., :2, :], q[..., :2, :], q[..., :2, :],
-                                                                       is_causal=True),
-                      torch.nn.functional.scaled_dot_product_attention(q[..., 2:, :], q[..., 2:, :], q[..., 2:, :],
-                                                                       is_causal=True)], 2)
-    torch.testing.assert_close(out, want.transpose(1, 2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    want = torch.cat([sdpa(q[..., a:b, :], q[..., a:b, :], q[..., a:b, :], is_causal=True)
+                      for a, b in zip(bounds, bounds[1:])], 2)
+    torch.testing.assert_close(out, want.transpose(1, 2), rtol=0, atol=1e-6)
     for bad in ({"sliding_window": 2}, {"softcap": 30.0}):
         with pytest.raises(ValueError, match="plain causal attention"):
             row_attention(module, q, q, q, None, cu_seq_lens_q=starts, **bad)
