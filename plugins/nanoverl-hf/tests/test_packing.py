@@ -221,7 +221,7 @@ def test_the_layout_follows_the_attention_implementation_and_checkpointing(tiny_
 
 
 @pytest.mark.parametrize("bounds", [(0, 2, 5, 7), (0, 2, 4, 6, 9, 11)], ids=["a call a row", "a call a length"])
-def test_row_attention_refuses_what_it_would_not_apply(bounds):
+def test_row_attention_attends_each_row_alone_and_refuses_what_it_would_not_apply(bounds):
     """Rows laid end to end, each attended causally on its own: lengths 2, 3, 2 (one call a row), or
     2, 2, 2, 3, 2 (the rows of one length in one call)."""
     q = torch.randn(1, 2, bounds[-1], 4)
