@@ -209,6 +209,15 @@ def nanoverl_config(model: Path | None, out: Path, *, batch: int, n: int, max_ne
     return load_config(str(ROOT / base), overrides=overrides + list(extra or []), registry=load_registry())
 
 
+def recipe_overrides(out: Path, steps: int, trackers: str = "[]") -> list[str]:
+    """Overrides that run an example recipe as it ships for `steps` steps with its run directory in `out`
+    and nothing but the RL steps: no evaluation, validation, checkpoints, rollout dumps or progress output;
+    `trackers` as a config list."""
+    return [f"trainer.output_dir={out}", f"trainer.total_steps={steps}", "trainer.eval_before_after=false",
+            "trainer.val_every=0", "trainer.val_before_train=false", "trainer.save_every=0",
+            "trainer.rollout_samples=0", "trainer.progress=none", f"tracking.trackers={trackers}"]
+
+
 def nanoverl_trainer(config):
     from nanoverl_core import load_registry
     from nanoverl_core.trainer.trainer import Trainer

@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import isa, machine, tmpdir  # noqa: E402
+from common import isa, machine, recipe_overrides, tmpdir  # noqa: E402
 
 MIB = 2**20
 
@@ -92,11 +92,8 @@ def main() -> int:
 
     registry = load_registry()
     out = tmpdir("memory")
-    config = load_config(str(args.config), [*args.overrides, f"trainer.output_dir={out / 'run'}",
-                                            f"trainer.total_steps={args.steps}", "trainer.eval_before_after=false",
-                                            "trainer.val_every=0", "trainer.val_before_train=false",
-                                            "trainer.save_every=0", "trainer.rollout_samples=0",
-                                            "trainer.progress=none", "tracking.trackers=[jsonl]"], registry=registry)
+    config = load_config(str(args.config), [*args.overrides, *recipe_overrides(out / "run", args.steps, "[jsonl]")],
+                         registry=registry)
     report: dict = {"config": str(args.config), "overrides": args.overrides, "steps": args.steps,
                     "libraries": round(resident_mib(), 1)}
 

@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (MODELS, ROOT, WORKLOADS, build_model, gemm_gflops, machine, median,  # noqa: E402
                     nanoverl_config, nanoverl_step, nanoverl_trainer, now, num_parameters, peak_rss_mb,
-                    run_json_subprocess, since, tmpdir, update_flops, workload_config)
+                    recipe_overrides, run_json_subprocess, since, tmpdir, update_flops, workload_config)
 
 STAGES = ("data", "rollout", "reward", "old_log_probs", "ref_log_probs", "values", "advantages",
           "critic_update", "actor_update", "weight_sync", "step")
@@ -117,11 +117,8 @@ def run_one(spec: dict) -> dict:
     if spec["backend"] == "recipe":
         from nanoverl_core import load_config, load_registry
 
-        config = load_config(str(ROOT / spec["config"]), [
-            f"trainer.output_dir={work / 'run'}", "trainer.total_steps=1000", "trainer.eval_before_after=false",
-            "trainer.val_every=0", "trainer.val_before_train=false", "trainer.save_every=0",
-            "trainer.rollout_samples=0", "trainer.progress=none", "tracking.trackers=[]", *extra],
-            registry=load_registry())
+        config = load_config(str(ROOT / spec["config"]), [*recipe_overrides(work / "run", 1000), *extra],
+                             registry=load_registry())
         spec = {**spec, "batch": config.data.batch_size, "n": config.rollout.n,
                 "max_new_tokens": config.rollout.max_new_tokens, "model": config.model.path}
         params = None

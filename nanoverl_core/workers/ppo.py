@@ -198,13 +198,19 @@ class _TorchWorker:
         of n times. Gradient checkpointing drops caches, so a checkpointed training pass runs plain (as
         does every training pass where the data-parallel strategy allows no cached backward, FSDP's).
         """
+        plain, keep, split, width = self._plain_inputs(batch, keep_logits)
+        if not self._shares_prompts(split) or not self._prompt_cache_works(batch):
+            return plain, width
+        return self._continue_from_prompts(plain["input_ids"], plain["attention_mask"], plain["position_ids"],
+                                           split, keep), width
+
+    def _plain_inputs(self, batch: RLBatch, keep_logits: bool) -> tuple[dict[str, Any], dict, int, int]:
+        """Every row's whole prompt and response as the module's keyword arguments, on the device; the
+        logits_to_keep among them; the prompt columns that would go into a shared cache; R'."""
         ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
         keep = {"logits_to_keep": width + 1} if keep_logits else {}
         plain = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **keep}
-        split = ids.shape[1] - width - 1                 # prompt columns that go into the cache
-        if not self._shares_prompts(split) or not self._prompt_cache_works(batch):
-            return plain, width
-        return self._continue_from_prompts(ids, mask, pos, split, keep), width
+        return plain, keep, ids.shape[1] - width - 1, width
 
     def _prompt_cache_works(self, batch: RLBatch) -> bool:
         """Whether the shared prompt cache serves this module: `_prompt_cache_agrees`, once, on the first
@@ -213,10 +219,7 @@ class _TorchWorker:
         and must compute what it computed)."""
         if not self.prompts_checked:
             self.prompts_checked = True
-            ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
-            keep = {"logits_to_keep": width + 1} if self.keeps_logits else {}
-            plain = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **keep}
-            if not self._prompt_cache_agrees(plain, keep, ids.shape[1] - width - 1, width):
+            if not self._prompt_cache_agrees(*self._plain_inputs(batch, self.keeps_logits)):
                 self.cache_keyword = None
         return self.cache_keyword is not None
 
