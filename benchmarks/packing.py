@@ -15,6 +15,8 @@ update (`update`, `--micro-batch` rows per micro-batch). One JSON object:
                           model, every row in one sequence, attended row by row)
   padding_fraction        1 - real tokens / the padded path's tokens (each micro-batch's rows x its
                           longest prompt + longest response)
+  update_tokens           {padded, packed, lines}: the tokens each actor's update feeds its model (its
+                          forwards' input_ids), prompt sharing included; token_bound padded / packed
   update_s, log_probs_s   {padded, packed, lines}: median seconds; `*_speedup` padded / packed,
                           `*_lines_speedup` padded / lines
   passes_speedup          (log-prob pass + update) padded / packed: the trainer-side part of a step
@@ -114,6 +116,11 @@ def main(argv: list[str] | None = None) -> None:
     real, padded = padded_tokens(actors["padded"], batch)
     times = {stage: {name: [] for name in actors} for stage in ("log_probs", "update")}
     first: dict = {}
+    fed = {name: [] for name in actors}
+    for name, actor in actors.items():
+        actor.module.get_input_embeddings().register_forward_pre_hook(
+            lambda _, args, name=name: fed[name].append(args[0].numel()))
+    tokens: dict = {}
     for repeat in range(args.repeats + 1):              # the first round warms up (the one-time checks)
         for name, actor in actors.items():
             start = time.perf_counter()
@@ -122,11 +129,13 @@ def main(argv: list[str] | None = None) -> None:
             if repeat:
                 times["log_probs"][name].append(seconds)
             batch["old_log_probs"] = log_probs.detach()
+            fed[name].clear()
             start = time.perf_counter()
             metrics = actor.update(batch, vanilla)
             seconds = time.perf_counter() - start
             if repeat:
                 times["update"][name].append(seconds)
+                tokens[name] = sum(fed[name])
             first.setdefault(name, (log_probs, metrics))
     (lp0, m0), (lp1, m1), (lp2, _) = first["padded"], first["packed"], first["lines"]
 
@@ -137,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
            "response_lengths": [args.min_len, args.max_len], "layout": actors["packed"].packing,
            "real_tokens": real, "padded_tokens": padded,
            "padding_fraction": round(1 - real / padded, 3),
+           "update_tokens": tokens, "token_bound": round(tokens["padded"] / tokens["packed"], 2),
            "max_log_prob_diff": float((lp1 - lp0).abs().max()),
            "lines_max_log_prob_diff": float((lp2 - lp0).abs().max()),
            "loss_rel_diff": rel(m0["actor/loss"], m1["actor/loss"]),

@@ -43,6 +43,8 @@ def test_packing_times_packed_against_padded_at_equal_results():
     assert row["max_log_prob_diff"] < 1e-5 and row["loss_rel_diff"] < 1e-5 and row["grad_norm_rel_diff"] < 1e-5
     assert set(row["update_s"]) == {"padded", "packed", "lines"} and row["update_speedup"] > 0
     assert row["lines_max_log_prob_diff"] < 1e-5 and row["update_lines_speedup"] > 0
+    tokens = row["update_tokens"]            # packed: each of the 2 prompts once, no padding: fewest tokens
+    assert tokens["packed"] < min(tokens["padded"], tokens["lines"]) and row["token_bound"] > 1
     assert row["isa"] and row["gemm_fp32_gflops"] > 0
 
 

@@ -10,7 +10,10 @@ implementation:
     causal, not checkpointed)    forward the model's attention implementation is `row_attention`
                                  (registered with transformers' AttentionInterface), which hands each
                                  row's own queries, keys and values to sdpa, causal: attention costs
-                                 the sum of the rows' squared lengths and no mask is built
+                                 the sum of the rows' squared lengths and no mask is built. With
+                                 shared prompts (`share_prompts`), each distinct prompt is laid once,
+                                 followed by its rows' responses, each attending to the prompt's keys
+                                 and values, then causally to its own (`row_prefixes`)
     eager, flex_attention, the   LINES: transformers' masking_utils (`find_packed_sequence_indices`)
     other sdpa models            sees the positions restart and builds a block-diagonal causal mask;
                                  the cost of a line is quadratic in its length, so rows go into lines
@@ -98,51 +101,68 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                   **kwargs) -> tuple[torch.Tensor, None]:
     """A transformers attention function (AttentionInterface) for one ROWS line: query (1, H, T, D) and key /
-    value (1, H_kv, T, D) of rows laid end to end, where `cu_seq_lens_q` (B + 1,) says (without it, each
-    sequence is one row); each row attended causally on its own by transformers' sdpa function: one call a
-    row, or, where many rows share a length (short rows of a small model, where calls cost more than the
-    arithmetic), the rows of one length in one call. Returns ((1, T, H, D), None) as that function does."""
+    value (1, H_kv, T, D) of segments laid end to end, where `cu_seq_lens_q` (S + 1,) says (without it, the
+    line is one segment); `row_prefixes` (S,), where given, the segment whose keys and values a segment
+    attends before its own (a prompt its rows share), or -1. Each segment attends causally to itself, after
+    its prefix, through transformers' sdpa function: one call a segment, or, where many segments share a
+    length and a prefix length (short rows of a small model, where calls cost more than the arithmetic),
+    one call for all of them. Returns ((1, T, H, D), None) as that function does."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if attention_mask is not None or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise ValueError("row_attention runs plain causal attention: no mask, sliding window or softcap")
     starts = kwargs.get("cu_seq_lens_q")
     lengths = tuple(torch.diff(starts).tolist()) if starts is not None else (query.shape[2],)  # without: one row
+    prefixes = tuple(kwargs.get("row_prefixes") or (-1,) * len(lengths))
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:     # (rows, H, L, D) each
-        return sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:     # (rows, H, L, D) each;
+        before = k.shape[2] - q.shape[2]                        # k, v: a prefix's `before` positions first
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(before) \
+            if before and q.shape[2] > 1 else None              # causal, aligned to the last key
+        return sdpa_attention_forward(module, q, k, v, mask if mask is None else mask[None, None],
+                                      dropout=dropout, scaling=scaling, is_causal=not before)[0]
 
-    order, back, groups = _row_groups(lengths, query.device)
-    if 2 * len(groups) > len(lengths):            # most rows of a length of their own: one call a row
-        rows = zip(*(x.split(lengths, 2) for x in (query, key, value)))
-        return torch.cat([attend(*row) for row in rows], 1), None
-    q, k, v = (x[0].index_select(1, order) for x in (query, key, value))     # (H, T, D), rows grouped by length
+    groups, back = _row_groups(lengths, prefixes, query.device)
+    if 2 * len(groups) > len(lengths):            # most segments of a shape of their own: one call a segment
+        # split, not sliced: a slice's backward fills a zero gradient as long as the line, once a segment
+        qs, ks, vs = (x.split(lengths, 2) for x in (query, key, value))
+        out = []
+        for segment, prefix in enumerate(prefixes):
+            k, v = ks[segment], vs[segment]
+            if prefix >= 0:
+                k, v = torch.cat([ks[prefix], k], 2), torch.cat([vs[prefix], v], 2)
+            out.append(attend(qs[segment], k, v))
+        return torch.cat(out, 1), None
     out = []
-    for offset, rows, length in groups:           # the rows of one length attended in one call, as a batch
-        out.append(attend(*(x[:, offset:offset + rows * length].unflatten(1, (rows, length)).transpose(0, 1)
-                            for x in (q, k, v))).flatten(0, 1))
+    for queries, keys in groups:                  # (rows, L) and (rows, P + L) token indices: one call
+        q, k, v = (x[0].index_select(1, i.flatten()).unflatten(1, i.shape).transpose(0, 1)
+                   for x, i in ((query, queries), (key, keys), (value, keys)))
+        out.append(attend(q, k, v).flatten(0, 1))
     return torch.cat(out).index_select(0, back)[None], None
 
 
 @functools.lru_cache(maxsize=16)
-def _row_groups(lengths: tuple[int, ...], device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
-    """For rows of `lengths` laid end to end: the token order that puts rows of one length together
-    (`order`, (T,) on `device`), its inverse (`back`), and each group's (offset in that order, rows, length).
-    Every layer of a pass asks for the same rows: cached."""
-    starts = [0]
+def _row_groups(lengths: tuple[int, ...], prefixes: tuple[int, ...], device: torch.device
+                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """For segments of `lengths` laid end to end, each after its prefix segment (`prefixes`, -1: none): the
+    segments grouped by (length, prefix length), each group as its queries' token indices
+    (rows, L) and its keys' (rows, P + L: the prefix's, then its own), on `device`; and the order that puts
+    the groups' outputs back in line order. Every layer of a pass asks for the same segments: cached."""
+    bounds = [0]
     for length in lengths:
-        starts.append(starts[-1] + length)
-    by_length: dict[int, list[int]] = {}
-    for row, length in enumerate(lengths):
-        by_length.setdefault(length, []).append(row)
-    order, groups, offset = [], [], 0
-    for length, rows in by_length.items():
-        order += [t for row in rows for t in range(starts[row], starts[row] + length)]
-        groups.append((offset, len(rows), length))
-        offset += len(rows) * length
-    order = torch.tensor(order, device=device)
-    return order, torch.argsort(order), groups
+        bounds.append(bounds[-1] + length)
+    shapes: dict[tuple[int, int], list[int]] = {}
+    for segment, (length, prefix) in enumerate(zip(lengths, prefixes)):
+        before = lengths[prefix] if prefix >= 0 else 0
+        shapes.setdefault((length, before), []).append(segment)
+    groups = []
+    for segments in shapes.values():
+        queries = [list(range(bounds[s], bounds[s + 1])) for s in segments]
+        keys = [(list(range(bounds[p], bounds[p + 1])) if p >= 0 else []) + own
+                for own, p in zip(queries, (prefixes[s] for s in segments))]
+        groups.append((torch.tensor(queries, device=device), torch.tensor(keys, device=device)))
+    back = torch.argsort(torch.cat([queries.flatten() for queries, _ in groups]))
+    return groups, back
 
 
 @contextlib.contextmanager
@@ -177,20 +197,24 @@ class PackedRows:
     valid: torch.Tensor          # (B, R') bool, response_mask: the tokens that exist
     kept: torch.Tensor           # (K,) sorted: the columns holding any predicting position
     width: int                   # R'
-    starts: torch.Tensor | None = None   # ROWS: (B + 1,) where each row starts, then the line's end; on the
+    starts: torch.Tensor | None = None   # ROWS: (S + 1,) where each segment (a row, or a shared prompt and
+                                         # each of its rows' responses) starts, then the line's end; on the
                                          # CPU, where row_attention reads it (no device sync per layer)
+    prefixes: tuple[int, ...] | None = None   # ROWS with shared prompts: each segment's prompt segment, or -1
 
     def to(self, device: torch.device) -> PackedRows:
         tensors = (self.input_ids, self.position_ids, self.line, self.column, self.valid, self.kept)
-        return PackedRows(*(t.to(device) for t in tensors), self.width, self.starts)
+        return PackedRows(*(t.to(device) for t in tensors), self.width, self.starts, self.prefixes)
 
     def inputs(self, keep_logits: bool) -> dict:
         """The module's keyword arguments: no attention_mask (the positions are the mask, see the module
-        docstring; ROWS: the rows' bounds as `cu_seq_lens_q`); keep_logits: a transformers head runs on the
-        `kept` columns only (`logits_to_keep`). Run the module on them inside `attending`."""
+        docstring; ROWS: the segments' bounds as `cu_seq_lens_q`, their prompts as `row_prefixes`);
+        keep_logits: a transformers head runs on the `kept` columns only (`logits_to_keep`). Run the module
+        on them inside `attending`."""
         keep = {"logits_to_keep": self.kept} if keep_logits else {}
         rows = {"cu_seq_lens_q": self.starts} if self.starts is not None else {}
-        return {"input_ids": self.input_ids, "position_ids": self.position_ids, **rows, **keep}
+        shared = {"row_prefixes": self.prefixes} if self.prefixes is not None else {}
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, **rows, **shared, **keep}
 
     def attending(self, module: torch.nn.Module) -> contextlib.AbstractContextManager:
         """The context a forward of `module` on `inputs` runs in: ROWS switches its attention to
@@ -213,26 +237,35 @@ def row_lengths(batch: RLBatch) -> tuple[list[int], list[int]]:
     return batch["prompt_mask"].sum(-1).tolist(), batch["response_mask"].sum(-1).long().tolist()
 
 
-def pack_rows(batch: RLBatch, layout: str, pad_token_id: int = 0) -> PackedRows:
-    """The rows of `batch` (prompts left-padded, responses right-padded: batch.py) packed in `layout`.
+def _real_tokens(batch: RLBatch) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """Each row's real prompt and response tokens (prompts left-padded, responses right-padded: batch.py),
+    and R'."""
+    prompt_mask, response_mask = batch["prompt_mask"].bool(), batch["response_mask"].bool()
+    if not prompt_mask.any(-1).all():
+        raise ValueError("a row without a prompt token cannot be packed: its first response token has no "
+                         "position predicting it")
+    width = int(response_mask.any(0).nonzero()[-1]) + 1 if response_mask.any() else 1
+    return [p[m] for p, m in zip(batch["prompts"], prompt_mask)], \
+        [r[n] for r, n in zip(batch["responses"], response_mask)], width
+
+
+def pack_rows(batch: RLBatch, layout: str, pad_token_id: int = 0, share_prompts: bool = False) -> PackedRows:
+    """The rows of `batch` packed in `layout`.
 
     Every row keeps its real tokens only (prompt_mask, response_mask), positions 0 .. p + r - 1, as the
     padded path's attention mask and positions see them. LINES: lines of the longest row's length, rows
     placed first-fit longest first (ties in row order); ONE_LINE and ROWS: one line in row order.
+    ROWS with share_prompts: `_pack_shared`.
     """
-    prompt_mask, response_mask = batch["prompt_mask"].bool(), batch["response_mask"].bool()
-    rows = [torch.cat([p[m], r[n]]) for p, m, r, n in zip(batch["prompts"], prompt_mask, batch["responses"],
-                                                           response_mask)]
-    prompts, _ = row_lengths(batch)
-    if min(prompts) < 1:
-        raise ValueError("a row without a prompt token cannot be packed: its first response token has no "
-                         "position predicting it")
+    if layout == ROWS and share_prompts:
+        return _pack_shared(batch)
+    prompts, responses, width = _real_tokens(batch)
+    rows = [torch.cat(pair) for pair in zip(prompts, responses)]
     lengths = [len(row) for row in rows]
     lines = _lines(lengths, layout)
     capacity = max(lengths) if layout == LINES else sum(lengths)
     ids = torch.full((len(lines), capacity), pad_token_id, dtype=torch.long)
     pos = torch.zeros((len(lines), capacity), dtype=torch.long)
-    width = int(response_mask.any(0).nonzero()[-1]) + 1 if response_mask.any() else 1
     line = torch.zeros((len(rows), width), dtype=torch.long)
     column = torch.zeros((len(rows), width), dtype=torch.long)
     for i, members in enumerate(lines):
@@ -242,12 +275,45 @@ def pack_rows(batch: RLBatch, layout: str, pad_token_id: int = 0) -> PackedRows:
             pos[i, start:start + lengths[b]] = torch.arange(lengths[b])
             line[b] = i
             # the output at a row's position t predicts its token t + 1: response token j is predicted at p + j - 1
-            column[b] = start + prompts[b] - 1 + torch.arange(width).clamp(max=lengths[b] - prompts[b] - 1).clamp(min=0)
+            column[b] = start + len(prompts[b]) - 1 + torch.arange(width).clamp(max=len(responses[b]) - 1).clamp(min=0)
             start += lengths[b]
         pos[i, start:] = torch.arange(capacity - start)            # the tail: a segment of its own
-    valid = response_mask[:, :width].clone()
+    valid = batch["response_mask"][:, :width].bool()
     starts = torch.tensor([0, *lengths]).cumsum(0) if layout == ROWS else None
     return PackedRows(ids, pos, line, column, valid, torch.unique(column[valid]), width, starts)
+
+
+def _pack_shared(batch: RLBatch) -> PackedRows:
+    """ROWS, each distinct prompt once: in one line, every distinct prompt (in order of first appearance) then
+    the responses of the rows that share it, each a segment of its own at positions p .. p + r - 1 that
+    attends to its prompt's segment, then causally to itself (`row_prefixes`). A response token j >= 1 is
+    predicted in its row's segment, token 0 at its prompt's last position (autograd sums that position's
+    gradient over the prompt's rows)."""
+    prompts, responses, width = _real_tokens(batch)
+    shared: dict[tuple[int, ...], list[int]] = {}
+    for b, prompt in enumerate(prompts):
+        shared.setdefault(tuple(prompt.tolist()), []).append(b)
+    ids, pos, lengths, prefixes = [], [], [], []
+
+    def lay(tokens: torch.Tensor, first: int, prefix: int) -> int:
+        """Append a segment at positions first, first + 1, ...; return where it starts."""
+        ids.append(tokens)
+        pos.append(torch.arange(first, first + len(tokens)))
+        lengths.append(len(tokens))
+        prefixes.append(prefix)
+        return sum(lengths) - len(tokens)
+
+    column = torch.zeros((len(prompts), width), dtype=torch.long)
+    for members in shared.values():
+        prompt, segment = prompts[members[0]], len(lengths)
+        last = lay(prompt, 0, -1) + len(prompt) - 1
+        for b in members:
+            j = torch.arange(width).clamp(max=max(len(responses[b]) - 1, 0))
+            start = lay(responses[b], len(prompt), segment) if len(responses[b]) else 0   # empty: no segment
+            column[b] = torch.where(j == 0, last, start + j - 1)
+    valid = batch["response_mask"][:, :width].bool()
+    return PackedRows(torch.cat(ids)[None], torch.cat(pos)[None], torch.zeros_like(column), column, valid,
+                      torch.unique(column[valid]), width, torch.tensor([0, *lengths]).cumsum(0), tuple(prefixes))
 
 
 def _lines(lengths: list[int], layout: str) -> list[list[int]]:
@@ -285,22 +351,26 @@ def shared_cost(batch: RLBatch) -> int:
 
 
 @torch.no_grad()
-def packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device, layout: str) -> bool:
-    """Whether packed rows really cannot see each other in `module`: the first row of `batch` laid twice in
+def packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device, layout: str,
+                   share_prompts: bool = False) -> bool:
+    """Whether packed rows really cannot see each other in `module`: the longest row of `batch` laid twice in
     one line gives, in its second copy, the outputs of its padded forward (float32 1e-4, half 5e-2), in the
     weights' own dtype with autocast off, packed in `layout`'s way: LINES and ONE_LINE read the same
-    positions, so one line checks either; ROWS checks its own attention.
+    positions, so one line checks either; ROWS checks its own attention (share_prompts: the two copies'
+    responses after their one prompt).
     The random streams are left as they were: the check runs at the first packed pass, which a resumed run
     meets at another step."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
             torch.autocast(device.type, enabled=False):       # the weights' own dtype: positions, not rounding
-        return _packing_agrees(module, batch, device, layout)
+        return _packing_agrees(module, batch, device, layout, share_prompts)
 
 
-def _packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device, layout: str) -> bool:
+def _packing_agrees(module: torch.nn.Module, batch: RLBatch, device: torch.device, layout: str,
+                    share_prompts: bool) -> bool:
     row = int(batch["response_mask"].sum(-1).argmax())           # the longest response: the most to compare
     one = batch.index([row])
-    packed = pack_rows(batch.index([row, row]), ROWS if layout == ROWS else ONE_LINE).to(device)
+    packed = pack_rows(batch.index([row, row]), ROWS if layout == ROWS else ONE_LINE,
+                       share_prompts=share_prompts).to(device)
     with packed.attending(module):
         out = module(**packed.inputs(keep_logits=False)).logits
     got = packed.pick(out)[1]                                     # the second copy: (R', V)

@@ -10,10 +10,11 @@ backends is not subclassed but given to a worker as two strategies (workers/stra
 Module conventions: ``module(input_ids=, attention_mask=, position_ids=)`` returns an object with
 ``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` for a value model. A policy whose
 ``get_output_embeddings()`` is an ``nn.Linear`` gets its response log-probs through that head a chunk
-of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py); a module whose forward takes
-a KV cache runs each distinct prompt of a micro-batch once (``actor.share_prompts``,
-workers/prompt_cache.py), or, where that runs fewer tokens, packs the micro-batch's rows end to end
-without padding (``actor.pack``, workers/packing.py). With `model.compute_dtype` set, every module pass runs under its autocast
+of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py). A micro-batch's rows run end to
+end without padding (``actor.pack``, workers/packing.py), an sdpa model's with each distinct prompt laid
+once (``actor.share_prompts``); other models run each distinct prompt once through a KV cache
+(workers/prompt_cache.py) where that runs fewer tokens or packing cannot run. With `model.compute_dtype`
+set, every module pass runs under its autocast
 (`autocast`); weights, gradients and AdamW state stay in `model.dtype`. With `model.compile`, the parts
 of each block that hold no KV cache run through torch.compile (workers/compile.py).
 
@@ -43,7 +44,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..protocols import Actor, Critic, PolicyLoss, Workers  # noqa: F401 (Workers: re-exported)
 from .compile import compile_blocks
 from .lm_head import ChunkedHead
-from .packing import PackedRows, attending, pack_rows, packed_cost, packing_agrees, packing_for, shared_cost
+from .packing import ROWS, PackedRows, attending, pack_rows, packed_cost, packing_agrees, packing_for, shared_cost
 from .precision import Float32Attention, cpu_has_fast
 from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
 from .rows import model_inputs, token_budget_groups
@@ -233,11 +234,13 @@ class _TorchWorker:
     def packed_rows(self, batch: RLBatch) -> PackedRows | None:
         """`batch` packed on the device (workers/packing.py), or None: it runs padded (`module_inputs`), as when
         packing is off, or through the shared prompt cache, where that runs fewer tokens (on all ranks summed:
-        every rank takes the same path, as many forwards). Before the first packed pass, `packing_agrees`."""
+        every rank takes the same path, as many forwards). ROWS with share_prompts lays each distinct prompt
+        once in the line, which runs fewer tokens than either. Before the first packed pass, `packing_agrees`."""
         if self.packing is None:
             return None
+        share = self.packing == ROWS and self.section.share_prompts
         ids, _, _, width = model_inputs(batch)
-        if self._shares_prompts(ids.shape[1] - width - 1):
+        if not share and self._shares_prompts(ids.shape[1] - width - 1):
             packed, shared = self.parallel.sum(torch.tensor([packed_cost(batch, self.packing), shared_cost(batch)],
                                                             dtype=torch.float64)).tolist()
             if shared < packed and self._prompt_cache_works(batch):
@@ -245,7 +248,7 @@ class _TorchWorker:
         if not self.packing_checked:
             self.packing_checked = True
             with self.weights.inference(self.module):          # as a log-prob pass: no adapter dropout
-                agrees = packing_agrees(self.module, batch, self.device, self.packing)
+                agrees = packing_agrees(self.module, batch, self.device, self.packing, share)
             if self.parallel.max(int(not agrees)):
                 key = f"{self.metric_prefix}.pack"
                 if self.section.pack is True:
@@ -255,7 +258,7 @@ class _TorchWorker:
                       f"ignores position_ids); {key} is off for this run", file=sys.stderr)
                 self.packing = None
                 return None
-        return pack_rows(batch, self.packing).to(self.device)
+        return pack_rows(batch, self.packing, share_prompts=share).to(self.device)
 
     def _continue_from_prompts(self, ids, mask, pos, split: int, keep: dict) -> dict[str, Any] | None:
         """The arguments that continue every row from the cache of its first `split` columns (each distinct

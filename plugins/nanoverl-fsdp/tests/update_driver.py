@@ -38,9 +38,9 @@ OVERRIDES = [
 
 
 PLAIN_PASSES = ("actor.share_prompts=false", "critic.share_prompts=false")
-"""The hf side runs every row whole: FSDP shares prompt caches in its log-prob and value passes only (its
-training passes run plain), so the fsdp side's shared passes are checked against plain ones and the two
-updates do the same float arithmetic."""
+"""The hf side runs every row whole; the fsdp side shares prompts (packed, as the tiny sdpa Llama is by default:
+each distinct prompt once in a micro-batch's line, in every pass), so its shared passes are checked against
+plain ones."""
 
 
 def make_config(worker: str, model: Path, extra: tuple[str, ...] = ()):

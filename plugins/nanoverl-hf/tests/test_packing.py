@@ -1,8 +1,9 @@
 """actor.pack / critic.pack: a micro-batch's rows laid end to end (workers/packing.py). Log-probs, entropy,
 values, losses and every gradient equal the padded pass's, in both layouts an sdpa model packs in (ROWS,
-LINES), on single-turn and multi-turn rows, with micro-batches by rows and by a token budget; rows of one
-packed line cannot see each other; a model whose attention ignores the positions is caught; the layout
-follows the attention implementation and checkpointing; the debug worker's model cannot pack."""
+LINES) and in ROWS with each distinct prompt laid once, on single-turn and multi-turn rows, with
+micro-batches by rows and by a token budget; rows of one packed line cannot see each other; a model whose
+attention ignores the positions is caught; the layout follows the attention implementation and
+checkpointing; the debug worker's model cannot pack."""
 
 from __future__ import annotations
 
@@ -17,16 +18,17 @@ from nanoverl_core.workers.packing import LINES, ONE_LINE, ROWS, pack_rows, pack
 from nanoverl_hf.workers import make_workers
 
 PROMPTS = ["12=", "9876=", "5=", "333=", "40=", "7777777="]
+SHARED = ["12=", "9876=", "12=", "9876=", "9876=", "12="]      # 2 prompts, 3 samples each, interleaved
 LENGTHS = [5, 1, 9, 3, 12, 2]                    # responses of mixed lengths: most of a rectangle is padding
 NO_SHARING = ["actor.share_prompts=false", "critic.share_prompts=false"]
 
 
-def mixed_batch(tok, multiturn: bool = False, seed: int = 0):
+def mixed_batch(tok, multiturn: bool = False, seed: int = 0, prompts: list[str] = PROMPTS):
     """Rows of mixed prompt and response lengths with old log-probs' inputs; multiturn: an environment's
     tokens inside every longer response (model_mask 0 there), as a multi-turn episode writes them."""
     gen = torch.Generator().manual_seed(seed)
     responses = [torch.randint(3, 12, (n,), generator=gen).tolist() for n in LENGTHS]
-    batch = with_responses(prompt_batch(tok, PROMPTS, width=10), responses, tok.pad_token_id, width=14)
+    batch = with_responses(prompt_batch(tok, prompts, width=10), responses, tok.pad_token_id, width=14)
     if multiturn:
         model_mask = batch["response_mask"].clone()
         model_mask[:, 2:4] = 0                   # the environment's answer after the model's first two tokens
@@ -40,18 +42,20 @@ def mixed_batch(tok, multiturn: bool = False, seed: int = 0):
     return batch
 
 
-def run(make_config, tiny_dir, pack: bool, *overrides: str, multiturn: bool = False, layout: str = ROWS):
-    """One actor update and one critic update from the same weights (packed: in `layout`); what each pass
-    produced."""
+def run(make_config, tiny_dir, pack: bool, *overrides: str, multiturn: bool = False, layout: str = ROWS,
+        share: bool = False):
+    """One actor update and one critic update from the same weights (packed: in `layout`; share: rows of two
+    prompts, each laid once); what each pass produced."""
     cfg = make_config(tiny_dir, f"actor.pack={str(pack).lower()}", f"critic.pack={str(pack).lower()}",
                       "critic.enable=true", "actor.lr=1e-2", "critic.lr=1e-2", "actor.entropy_coeff=0.1",
-                      "rollout.temperature=0.7", "data.batch_size=6", *NO_SHARING, *overrides)
+                      "rollout.temperature=0.7", "data.batch_size=6", *([] if share and pack else NO_SHARING),
+                      *overrides)
     workers = make_workers(cfg)
     actor, critic = workers.actor, workers.critic
     assert actor.packing == critic.packing == (ROWS if pack else None)       # an sdpa model's own layout
     if pack:
         actor.packing = critic.packing = layout
-    batch = mixed_batch(workers.tokenizer, multiturn)
+    batch = mixed_batch(workers.tokenizer, multiturn, prompts=SHARED if share else PROMPTS)
     with torch.no_grad():
         log_probs, entropy = actor.forward(batch, with_entropy=True)
     values = critic.compute_values(batch)
@@ -83,11 +87,13 @@ def assert_same_gradients(got: dict, want: dict, rtol: float = 1e-5) -> float:
                                    ["actor.max_tokens_per_micro_batch=30", "critic.max_tokens_per_micro_batch=30"]],
                          ids=["whole", "rows", "budget"])
 @pytest.mark.parametrize("chunk", [0, 4])
-@pytest.mark.parametrize("layout", [ROWS, LINES])
+@pytest.mark.parametrize("layout", [ROWS, LINES, SHARED_ROWS := "rows, prompts shared"])
 def test_packed_passes_and_updates_equal_the_padded_ones(tiny_dir, make_config, multiturn, split, chunk, layout):
-    padded = run(make_config, tiny_dir, False, f"actor.logits_chunk_size={chunk}", *split, multiturn=multiturn)
+    share = layout == SHARED_ROWS
+    padded = run(make_config, tiny_dir, False, f"actor.logits_chunk_size={chunk}", *split, multiturn=multiturn,
+                 share=share)
     packed = run(make_config, tiny_dir, True, f"actor.logits_chunk_size={chunk}", *split, multiturn=multiturn,
-                 layout=layout)
+                 layout=ROWS if share else layout, share=share)
     batch, mask = padded[0], padded[0]["response_mask"].bool()
     for want, got in zip(padded[1:4], packed[1:4]):         # log-probs, entropy, values
         torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-5)
@@ -181,22 +187,34 @@ def test_a_model_that_ignores_the_positions_is_caught(tiny_dir, make_config, cap
         torch.testing.assert_close(log_probs, actor.compute_log_probs(batch), rtol=0, atol=1e-6)
 
 
-def test_shared_prompts_win_where_they_run_fewer_tokens(tiny_dir, make_config):
-    """n samples of one long prompt with short responses: the shared cache runs fewer tokens than packing;
-    responses of very different lengths: packing does. Either way the log-probs are the padded ones."""
+def test_rows_lay_each_prompt_once_and_lines_share_it_where_the_cache_runs_fewer_tokens(tiny_dir, make_config):
+    """ROWS with shared prompts: each distinct prompt once in the line, then its rows' responses (fewer tokens
+    than the cache or packing alone). LINES: n samples of one long prompt with short responses go through
+    the shared cache, which runs fewer tokens there; responses of very different lengths are packed. Either
+    way the log-probs are the padded ones."""
     workers = make_workers(make_config(tiny_dir, "rollout.n=6", "data.batch_size=1"))
     actor, tok = workers.actor, workers.tokenizer
     fed: list[tuple[int, int]] = []
     actor.module.get_input_embeddings().register_forward_pre_hook(lambda _, args: fed.append(tuple(args[0].shape)))
     long_prompt = prompt_batch(tok, ["123456789012345="] * 6)
     short = with_responses(long_prompt, [[3, 4]] * 6, tok.pad_token_id)
-    actor.compute_log_probs(short)
-    assert fed[-1] == (6, 1 + 2)                                  # continued from the shared cache
     mixed = with_responses(prompt_batch(tok, ["1="] * 6), [[3] * n for n in (1, 1, 1, 1, 1, 40)], tok.pad_token_id)
+    plain = make_workers(make_config(tiny_dir, "actor.pack=false", "actor.share_prompts=false")).actor
+    assert actor.packing == ROWS
+    for batch in (short, mixed):
+        fed.clear()
+        torch.testing.assert_close(actor.compute_log_probs(batch), plain.compute_log_probs(batch), rtol=0, atol=1e-5)
+        prompt, responses = int(batch["prompt_mask"][0].sum()), int(batch["response_mask"].sum())
+        assert fed[-1] == (1, prompt + responses)                  # (1, 16 + 12), then (1, 2 + 45)
+    assert not actor.prompts_checked                                # the KV cache was never needed
+
+    actor.packing = LINES
     fed.clear()
-    actor.compute_log_probs(mixed)
-    # (after the one-time check, 2 forwards of one row): the 6 rows' 57 real tokens in one line, not 6 x 42
-    assert fed[2:] == [(1, 57)]
+    torch.testing.assert_close(actor.compute_log_probs(short), plain.compute_log_probs(short), rtol=0, atol=1e-5)
+    assert fed[-1] == (6, 1 + 2)                                  # continued from the shared cache
+    fed.clear()
+    torch.testing.assert_close(actor.compute_log_probs(mixed), plain.compute_log_probs(mixed), rtol=0, atol=1e-5)
+    assert fed == [(2, 42)]                     # lines of the longest row (42 tokens), not 6 x 42 nor 6 x 41 + 1
 
 
 def test_the_layout_follows_the_attention_implementation_and_checkpointing(tiny_dir, make_config):
@@ -239,12 +257,33 @@ def test_row_attention_attends_each_row_alone_and_refuses_what_it_would_not_appl
         row_attention(module, q, q, q, torch.ones(1, 1, 5, 5, dtype=torch.bool), cu_seq_lens_q=starts)
 
 
+@pytest.mark.parametrize("lengths, prefixes", [((3, 2, 4, 2, 2), (-1, 0, 0, -1, 3)),
+                                              ((3, 2, 2, 2, 3, 2, 2), (-1, 0, 0, 0, -1, 4, 4))],
+                         ids=["a call a segment", "a call a shape"])
+def test_row_attention_attends_a_shared_prompt_then_each_response_alone(lengths, prefixes):
+    """Prompts its rows share, each followed by its rows' responses: a response attends to its prompt's keys,
+    then causally to its own, never to another response or prompt."""
+    bounds = torch.tensor([0, *lengths]).cumsum(0)
+    q, k, v = (torch.randn(1, 2, int(bounds[-1]), 4) for _ in range(3))
+    out, _ = row_attention(torch.nn.Module(), q, k, v, None, cu_seq_lens_q=bounds, row_prefixes=prefixes)
+    want = []
+    for s, prefix in enumerate(prefixes):
+        a, b = bounds[s], bounds[s + 1]
+        keys = list(range(bounds[prefix], bounds[prefix + 1])) if prefix >= 0 else []
+        keys += list(range(a, b))
+        mask = torch.ones(b - a, len(keys), dtype=torch.bool).tril(len(keys) - (b - a))
+        want.append(torch.nn.functional.scaled_dot_product_attention(q[..., a:b, :], k[..., keys, :], v[..., keys, :],
+                                                                     attn_mask=mask))
+    torch.testing.assert_close(out, torch.cat(want, 2).transpose(1, 2), rtol=0, atol=1e-6)
+
+
 def test_the_pass_that_finds_the_prompt_cache_broken_is_laid_out_as_every_later_pass(tiny_dir, make_config, capsys):
-    """The one-time cache check runs before its pass chooses between sharing and packing, so that pass is
-    packed like every later one: a resumed run meets the check at another step than the unbroken run and
-    must compute, bit for bit, what that run computed."""
+    """The one-time cache check runs before its pass chooses between sharing and packing (LINES: ROWS lays the
+    prompts in the line), so that pass is packed like every later one: a resumed run meets the check at
+    another step than the unbroken run and must compute, bit for bit, what that run computed."""
     workers = make_workers(make_config(tiny_dir, "rollout.n=6", "data.batch_size=1"))
     actor, tok = workers.actor, workers.tokenizer
+    actor.packing = LINES
     forward = actor.module.forward
 
     def forgetful(*args, **kwargs):                     # ignores the cache it is given: the check fails
@@ -260,4 +299,4 @@ def test_the_pass_that_finds_the_prompt_cache_broken_is_laid_out_as_every_later_
     first_pass = fed[-1]
     fed.clear()
     assert torch.equal(actor.compute_log_probs(batch), first)
-    assert first_pass == fed[-1] == (1, 6 * 16 + 13)     # packed both times: the rows' real tokens in one line
+    assert first_pass == fed[-1] == (6, 16 + 4)          # packed both times: a row a line (no two fit in 20)
