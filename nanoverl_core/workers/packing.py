@@ -27,8 +27,9 @@ ROWS switches the model's attention implementation for the length of a packed fo
 (`PackedRows.attending`); a checkpointed model would recompute its blocks in backward, outside that
 switch, so it packs in LINES. A model whose attention implementation is none of these (the debug
 worker's pure-torch model, remote code) cannot be packed (`packing_layout` is None). Before the first
-packed pass `packing_agrees` checks on one row laid twice in one line that the second copy's outputs
-equal the row's padded ones: a model that ignored the positions would let the copy attend to the first.
+packed pass `packing_agrees` checks on one row laid twice in one line (with shared prompts: its response
+twice after its prompt) that the second copy's outputs equal the row's padded ones: a model that ignored
+the positions would let the copy attend to the first.
 
 Shapes: B rows, R' the trimmed response width (as `rows.model_inputs`), k lines of W tokens.
 """
