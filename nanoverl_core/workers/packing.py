@@ -295,14 +295,17 @@ def _pack_shared(batch: RLBatch) -> PackedRows:
     for b, prompt in enumerate(prompts):
         shared.setdefault(tuple(prompt.tolist()), []).append(b)
     ids, pos, lengths, prefixes = [], [], [], []
+    end = 0
 
     def lay(tokens: torch.Tensor, first: int, prefix: int) -> int:
         """Append a segment at positions first, first + 1, ...; return where it starts."""
+        nonlocal end
         ids.append(tokens)
         pos.append(torch.arange(first, first + len(tokens)))
         lengths.append(len(tokens))
         prefixes.append(prefix)
-        return sum(lengths) - len(tokens)
+        end += len(tokens)
+        return end - len(tokens)
 
     column = torch.zeros((len(prompts), width), dtype=torch.long)
     for members in shared.values():

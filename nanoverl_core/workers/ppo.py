@@ -239,12 +239,13 @@ class _TorchWorker:
         if self.packing is None:
             return None
         share = self.packing == ROWS and self.section.share_prompts
-        ids, _, _, width = model_inputs(batch)
-        if not share and self._shares_prompts(ids.shape[1] - width - 1):
-            packed, shared = self.parallel.sum(torch.tensor([packed_cost(batch, self.packing), shared_cost(batch)],
-                                                            dtype=torch.float64)).tolist()
-            if shared < packed and self._prompt_cache_works(batch):
-                return None
+        if not share:                                  # LINES, ONE_LINE: packed or the shared cache, the cheaper
+            ids, _, _, width = model_inputs(batch)
+            if self._shares_prompts(ids.shape[1] - width - 1):
+                packed, shared = self.parallel.sum(torch.tensor([packed_cost(batch, self.packing), shared_cost(batch)],
+                                                                dtype=torch.float64)).tolist()
+                if shared < packed and self._prompt_cache_works(batch):
+                    return None
         if not self.packing_checked:
             self.packing_checked = True
             with self.weights.inference(self.module):          # as a log-prob pass: no adapter dropout
