@@ -2,6 +2,7 @@
 
     .venv-vllm/bin/python benchmarks/compile_update.py                  # smollm2 (the real LM), 2 threads, ~8 min
     .venv/bin/python benchmarks/compile_update.py --model 10m --threads 1
+    .venv-vllm/bin/python benchmarks/compile_update.py --set model.compute_dtype=bfloat16    # both trainers in bf16
 
 Builds two trainers on the model's default workload (benchmarks/common.py, the `hf` rollout, the
 same weights and seed): one eager, one with `model.compile = true`. Then:
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2", choices=[*MODELS, "smollm2"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3, help="measured steps of each trainer after the first")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides for both trainers, e.g. model.compute_dtype=bfloat16")
     args = parser.parse_args(argv)
 
     work = tmpdir("compile-update")
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, flag in (("eager", "false"), ("compiled", "true")):
         config = workload_config(args.model, model, work / name, WORKLOADS[args.model],
                                  extra=["rollout.name=hf", f"trainer.num_threads={args.threads}",
-                                        f"model.compile={flag}"])
+                                        *args.set, f"model.compile={flag}"])
         trainers[name] = nanoverl_trainer(config)
     eager, compiled = trainers["eager"], trainers["compiled"]
 
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     median = {name: {s: round(statistics.median(v), 3) for s, v in stages.items()} for name, stages in timings.items()}
     print(json.dumps({
         "benchmark": "compile_update", "model": args.model, "threads": args.threads, "steps": args.steps,
-        "rows": len(batch), "log_prob_max_abs_diff": lp_diff,
+        "set": args.set, "rows": len(batch), "log_prob_max_abs_diff": lp_diff,
         "log_prob_pass_both_first_s": round(lp_first_s, 2),
         "first_step_s": {k: round(v, 2) for k, v in first_s.items()},
         "compiled_graphs_after_first_step": graphs_first,

@@ -34,7 +34,8 @@ Workloads (models in benchmarks/common.py):
   smollm2-plain  smollm2 with every row's prompt run whole (rollout.hf.share_prompts and actor.share_prompts
                off): what prompt sharing saves
 For every workload the actor update is also stated against this CPU's limit, measured in the same
-process at the same thread count (common.gemm_gflops: the fastest 2048^3 fp32 matmul):
+process at the same thread count (common.gemm_gflops: the fastest 2048^3 matmul in the precision the
+update's matmuls run in, `gemm_dtype`: model.compute_dtype, else model.dtype):
   update_gflops_per_s      useful FLOPs of the update (common.update_flops: 6 x non-embedding parameters
                            x real tokens + the LM head on response positions) / its median seconds
   update_fraction_of_gemm  that over gemm_gflops_per_s. With actor.share_prompts each distinct prompt runs
@@ -112,6 +113,8 @@ def run_one(spec: dict) -> dict:
     """Child process: build the model, run the trainer, return the workload's figures."""
     import torch
 
+    from nanoverl_core.workers.ppo import autocast_dtype
+
     work = tmpdir(f"breakdown-{spec['name']}")
     extra = [*spec["extra"], f"trainer.device={spec['device']}", f"trainer.num_threads={spec['threads']}"]
     if spec["backend"] == "recipe":
@@ -156,8 +159,10 @@ def run_one(spec: dict) -> dict:
         # shared prompts: the batch's distinct prompts (all but their last token) once, every row from there
         executed = flops_of(spec["batch"] * (prompt / samples - 1) + samples + response
                             if trainer.workers.actor.cache_keyword is not None else tokens)
-        gemm = gemm_gflops()
+        gemm_dtype = autocast_dtype(config.model) or config.model.dtype     # "auto" is resolved by now
+        gemm = gemm_gflops(dtype=gemm_dtype)
         out.update({"prompt_length_mean": round(prompt / samples, 2), "gemm_gflops_per_s": round(gemm, 1),
+                    "gemm_dtype": gemm_dtype,
                     "actor_update_s_all": [round(r["timing/actor_update"], 3) for r in rows]})
         # forward-only stages do a third of the update's FLOPs (the rollout: prefill + one position per new token)
         for name, stage_flops in (("update", flops), ("rollout", flops / 3), ("old_log_probs", flops / 3)):

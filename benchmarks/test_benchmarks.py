@@ -62,6 +62,7 @@ def test_step_breakdown_reports_every_stage_of_ppo_with_critic_and_reference():
                                    "critic_update", "actor_update", "weight_sync", "step"}
     assert row["generated_tokens_per_s"] > 0 and row["trained_tokens_per_s"] > 0 and row["peak_rss_mb"] > 0
     assert 0 < row["update_fraction_of_gemm"] < 1 and len(row["actor_update_s_all"]) == 1
+    assert row["gemm_dtype"] == "float32"
     # 8 samples a prompt share it: the FLOPs run are fewer than the useful count, which assumes every row whole
     assert 0 < row["update_executed_fraction_of_gemm"] < row["update_fraction_of_gemm"]
 
@@ -70,6 +71,16 @@ def test_step_breakdown_set_overrides_every_workload():
     (row,) = run("step_breakdown.py", "--workloads", "hf-tiny", "--no-sweep", "--steps", "1", "--warmup", "0",
                  "--set", "actor.share_prompts=false")
     assert row["update_executed_fraction_of_gemm"] == row["update_fraction_of_gemm"]     # every row run whole
+
+
+def test_step_breakdown_states_the_update_against_the_gemm_rate_of_its_own_precision():
+    from nanoverl_core.workers.ppo import cpu_has_fast
+
+    if not cpu_has_fast("bfloat16"):           # its bf16 GEMM probe would take many minutes on an emulating CPU
+        pytest.skip("this CPU has no bf16 matmul instructions")
+    (row,) = run("step_breakdown.py", "--workloads", "hf-tiny", "--no-sweep", "--steps", "1", "--warmup", "0",
+                 "--set", "model.compute_dtype=bfloat16")
+    assert row["gemm_dtype"] == "bfloat16" and row["gemm_gflops_per_s"] > 0
 
 
 def test_attention_probe_times_each_precision_forward_and_backward():
@@ -91,6 +102,21 @@ def test_gemm_probe_reports_the_square_and_the_model_shapes_in_each_dtype():
         assert row["square_2048_gflops"] > 0
         assert set(row["shape_gflops"]) == {"q_o_proj", "k_v_proj", "mlp_up", "mlp_down", "mlp_up_weight_grad",
                                             "lm_head", "lm_head_input_grad"}
+        # all of an update's products together run between its slowest and fastest shape (a weighted mean)
+        assert 0 < row["summary"]["update_mix_over_square"] == round(row["update_mix_gflops"] /
+                                                                     row["square_2048_gflops"], 3)
+
+
+def test_the_update_mix_weighs_each_product_by_its_flops():
+    """Hand-computed: one product of 2 GFLOP at 100 GFLOP/s and three of 2 at 300 take 0.02 + 0.02 s: 200."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gemm_probe import update_mix, update_products
+
+    assert update_mix({"a": 100.0, "b": 300.0}, {"a": ((1000, 1000, 1000), 1), "b": ((1000, 1000, 1000), 3)}) \
+        == pytest.approx(200.0)
+    products = update_products(586, 512)
+    assert len(products) == 15 and products["q_o_weight_grad"] == ((576, 586, 576), 60)
+    assert products["head_forward"] == ((512, 576, 49152), 1) and products["down_input_grad"] == ((586, 576, 1536), 30)
 
 
 def test_profile_update_ranks_the_operators_of_one_update():

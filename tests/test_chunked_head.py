@@ -112,6 +112,16 @@ def test_a_second_backward_through_a_retained_graph_gives_the_same_gradient(chun
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+def test_no_positions_give_zero_gradients():
+    """The weight's gradient is accumulated into an uninitialised tensor that the first chunk overwrites: with
+    no position at all (a micro-batch of no response token) there is no chunk, and the gradient is zero."""
+    weight = torch.randn(40, 16, requires_grad=True)
+    hidden = torch.randn(0, 16, requires_grad=True)
+    lp, ent = logprobs_from_hidden(hidden, weight, torch.zeros(0, dtype=torch.long), with_entropy=True, chunk_size=4)
+    (lp.sum() + ent.sum() + (weight * 0).sum()).backward()
+    assert lp.shape == ent.shape == (0,) and torch.equal(weight.grad, torch.zeros_like(weight))
+
+
 def test_bfloat16_inputs_give_float32_results_equal_to_the_full_logits_path():
     """The head's product runs in bf16, as the model's own nn.Linear does (so no float32 copy of the
     weight); everything after it in float32. Dyadic inputs make every bf16 product exact, so any split of

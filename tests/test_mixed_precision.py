@@ -212,3 +212,52 @@ def test_bf16_mixed_precision_agrees_with_float32_and_keeps_float32_state(tmp_pa
     from safetensors.torch import load_file
     saved = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
     assert {t.dtype for t in saved.values()} == {torch.float32}
+
+
+@pytest.mark.hf
+def test_each_weight_is_cast_once_per_pass_not_once_per_micro_batch(tmp_path):
+    """8 rows in micro-batches of 2: a log-prob pass casts every trainable weight to bf16 once (`casts_once`:
+    autocast's cast kept over the micro-batches), not 4 times as one autocast per micro-batch does, and an
+    update (2 mini-batches of 2 micro-batches) once per optimizer step, 2 times instead of 4; log-probs,
+    values and the updated weights are bitwise those of casting per micro-batch. A frozen reference keeps
+    no casts (autocast keeps only those of weights that require gradients)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class WeightCasts(TorchDispatchMode):
+        def __init__(self, weights):
+            super().__init__()
+            self.weights, self.count = {w.data_ptr() for w in weights}, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.weights:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    results = {}
+    for once in (True, False):
+        workers = _workers(tmp_path, "model.compute_dtype=bfloat16")
+        _passes(workers)                                             # the first passes' one-time checks
+        for worker in (workers.actor, workers.critic):
+            assert worker.keeps_casts and not workers.reference.keeps_casts
+            worker.keeps_casts = once
+        batch = _batch(workers.tokenizer)
+        matmul_weights = [m.weight for m in workers.actor.module.modules() if isinstance(m, torch.nn.Linear)]
+        with WeightCasts(matmul_weights) as casts:
+            batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
+        assert casts.count == len(matmul_weights) * (1 if once else 4), casts.count
+        batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)
+        batch["values"] = workers.critic.compute_values(batch)
+        from nanoverl_core.algos.losses import vanilla
+        assert [len(micro) for micro, _ in workers.actor.minibatches(batch)] == [2, 2]
+        with WeightCasts(matmul_weights) as casts:
+            workers.actor.update(batch, vanilla)
+        # casting per micro-batch, the chunked head's backward casts the head once more for each
+        assert casts.count == 2 * len(matmul_weights) if once else casts.count >= 4 * len(matmul_weights)
+        workers.critic.update(batch)
+        results[once] = (batch, {n: p.detach().clone() for w in (workers.actor, workers.critic)
+                                 for n, p in w.module.named_parameters()})
+    (kept, kept_weights), (each, each_weights) = results[True], results[False]
+    for key in ("old_log_probs", "ref_log_probs", "values"):
+        assert torch.equal(kept[key], each[key]), key
+    assert kept_weights.keys() == each_weights.keys()
+    assert all(torch.equal(kept_weights[n], each_weights[n]) for n in kept_weights)

@@ -130,8 +130,11 @@ class _LinearLogProbs(torch.autograd.Function):
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         temperature, size, dtype = ctx.temperature, ctx.chunk_size, lse.dtype
         grad_hidden = torch.zeros_like(hidden) if need_hidden else None
-        # accumulated over chunks in float32 (or wider), cast to the weight's dtype once at the end
-        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
+        # accumulated over chunks in float32 (or wider), in place (autocast leaves addmm_ alone), cast to the
+        # weight's dtype once at the end; the first chunk's product overwrites it (beta=0), so no (V, H) zeros
+        # are filled first unless there is no chunk at all
+        grad_weight = (torch.empty if len(hidden) else torch.zeros)(weight.shape, dtype=dtype, device=weight.device) \
+            if need_weight else None
         grad_bias = torch.zeros(weight.shape[0], dtype=dtype, device=weight.device) if need_bias else None
         if grad_entropy is not None and entropy.numel() == 0:
             grad_entropy = None
@@ -153,7 +156,7 @@ class _LinearLogProbs(torch.autograd.Function):
             if need_hidden:
                 grad_hidden[chunk] = grad_z @ weight
             if need_weight:
-                grad_weight.addmm_(grad_z.T.to(dtype), h.to(dtype))
+                grad_weight.addmm_(grad_z.T.to(dtype), h.to(dtype), beta=0 if s == 0 else 1)
             if need_bias:
                 grad_bias += grad_z.sum(0).to(dtype)
         return (grad_hidden, grad_weight.to(weight.dtype) if need_weight else None,

@@ -41,6 +41,7 @@ import functools
 
 import attrs
 import torch
+import torch.nn.functional as F
 
 from ..batch import RLBatch
 from ..errors import ConfigError
@@ -105,9 +106,10 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     value (1, H_kv, T, D) of segments laid end to end, where `cu_seq_lens_q` (S + 1,) says (without it, the
     line is one segment); `row_prefixes` (S,), where given, the segment whose keys and values a segment
     attends before its own (a prompt its rows share), or -1. Each segment attends causally to itself, after
-    its prefix, through transformers' sdpa function: one call a segment, or, where many segments share a
-    length and a prefix length (short rows of a small model, where calls cost more than the arithmetic),
-    one call for all of them. Returns ((1, T, H, D), None) as that function does."""
+    its prefix, through transformers' sdpa function (after a prefix, which needs an explicit mask, through
+    torch's, each key / value head read by its group of query heads): one call a segment, or, where many
+    segments share a length and a prefix length (short rows of a small model, where calls cost more than
+    the arithmetic), one call for all of them. Returns ((1, T, H, D), None) as that function does."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if attention_mask is not None or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
@@ -118,10 +120,14 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:     # (rows, H, L, D) each;
         before = k.shape[2] - q.shape[2]                        # k, v: a prefix's `before` positions first
-        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(before) \
-            if before and q.shape[2] > 1 else None              # causal, aligned to the last key
-        return sdpa_attention_forward(module, q, k, v, mask if mask is None else mask[None, None],
-                                      dropout=dropout, scaling=scaling, is_causal=not before)[0]
+        if not before or q.shape[2] == 1:
+            return sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling,
+                                          is_causal=not before)[0]
+        # causal, aligned to the last key: an explicit mask, with which transformers' function would repeat
+        # each key / value head for its query heads; torch's kernel reads them shared (enable_gqa)
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(before)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                              enable_gqa=True).transpose(1, 2)
 
     groups, back = _row_groups(lengths, prefixes, query.device)
     if 2 * len(groups) > len(lengths):            # most segments of a shape of their own: one call a segment

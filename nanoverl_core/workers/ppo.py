@@ -15,7 +15,8 @@ end without padding (``actor.pack``, workers/packing.py), an sdpa model's with e
 once (``actor.share_prompts``); other models run each distinct prompt once through a KV cache
 (workers/prompt_cache.py) where that runs fewer tokens or packing cannot run. With `model.compute_dtype`
 set, every module pass runs under its autocast
-(`autocast`); weights, gradients and AdamW state stay in `model.dtype`. With `model.compile`, the parts
+(`autocast`), each weight cast once per optimizer step or log-prob pass (`casts_once`); weights, gradients
+and AdamW state stay in `model.dtype`. With `model.compile`, the parts
 of each block that hold no KV cache run through torch.compile (workers/compile.py).
 
 The shared worker base and its two subclasses are one mechanism, read together; the parts that stand
@@ -151,6 +152,10 @@ class _TorchWorker:
         self.packing = packing_for(module, section.pack, f"{self.metric_prefix}.pack")
         """The layout a micro-batch is packed in (workers/packing.py), or None: every pass runs padded."""
         self.packing_checked = False
+        self.keeps_casts = trainable and bool(autocast_dtype(config.model)) and \
+            not config.model.gradient_checkpointing and not any(hasattr(p, "full_tensor") for p in module.parameters())
+        """Whether `casts_once` keeps autocast's weight casts over a pass's micro-batches (see there; autocast
+        keeps none of a frozen worker's weights)."""
         if self.device.type == "cpu" and autocast_dtype(config.model):
             _warn_slow_compute_dtype(autocast_dtype(config.model))
         if config.model.compile:
@@ -169,6 +174,16 @@ class _TorchWorker:
         """A fresh context for one forward pass: `model.compute_dtype`'s autocast on this worker's device, or
         nothing. Backward runs outside it, as torch.autocast asks: each op's gradient in its forward's dtype."""
         return autocast(self.config.model, self.device)
+
+    def casts_once(self) -> contextlib.AbstractContextManager:
+        """Around the micro-batches of one optimizer step or one log-prob pass: under `model.compute_dtype`,
+        each weight is cast once for all of them instead of once per micro-batch. torch.autocast keeps its
+        casts of weights that require gradients until its outermost region ends; this is that region, with
+        autocast off (the forwards open their own inside it; losses and backward run outside autocast, as
+        without it). The kept casts are the very tensors each micro-batch would make, so results are bitwise
+        the same. Not for sharded weights (FSDP gathers and frees them block by block: kept casts would hold
+        the whole model) or under gradient checkpointing (its blocks are recomputed in backward)."""
+        return torch.autocast(self.device.type, enabled=False) if self.keeps_casts else contextlib.nullcontext()
 
     def clip_and_step(self, nonfinite_loss: bool) -> float:
         """Clip the global grad norm, then step unless anything is non-finite. Returns the norm."""
@@ -328,7 +343,7 @@ class _TorchWorker:
             for group in self.micro_batches(rows):
                 out[group] = compute(rows.index(group)).float().cpu()
             return out * mask.view(mask.shape + (1,) * len(extra))
-        with self.weights.inference(self.module):
+        with self.weights.inference(self.module), self.casts_once():
             return self.parallel.on_my_rows(batch, on_rows)
 
     def optimizer_step(self, micro_batches: list[RLBatch], norms: dict[str, float],
@@ -341,12 +356,13 @@ class _TorchWorker:
         """
         shares: dict[str, float] = defaultdict(float)
         finite = True
-        for mb in micro_batches:
-            loss, metrics = loss_of(mb, norms)
-            finite &= bool(torch.isfinite(loss))
-            (loss * self.parallel.size).backward()  # FSDP averages gradients over ranks; undo that
-            for key, value in metrics.items():
-                shares[key] += float(value)
+        with self.casts_once():
+            for mb in micro_batches:
+                loss, metrics = loss_of(mb, norms)
+                finite &= bool(torch.isfinite(loss))
+                (loss * self.parallel.size).backward()  # FSDP averages gradients over ranks; undo that
+                for key, value in metrics.items():
+                    shares[key] += float(value)
         keys = sorted(shares)
         totals = self.parallel.sum(torch.tensor([shares[k] for k in keys], dtype=torch.float64)).tolist()
         out = dict(zip(keys, totals))

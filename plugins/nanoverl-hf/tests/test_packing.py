@@ -257,24 +257,34 @@ def test_row_attention_attends_each_row_alone_and_refuses_what_it_would_not_appl
         row_attention(module, q, q, q, torch.ones(1, 1, 5, 5, dtype=torch.bool), cu_seq_lens_q=starts)
 
 
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["a key head a query head", "grouped query heads"])
 @pytest.mark.parametrize("lengths, prefixes", [((3, 2, 4, 2, 2), (-1, 0, 0, -1, 3)),
                                               ((3, 2, 2, 2, 3, 2, 2), (-1, 0, 0, 0, -1, 4, 4))],
                          ids=["a call a segment", "a call a shape"])
-def test_row_attention_attends_a_shared_prompt_then_each_response_alone(lengths, prefixes):
+def test_row_attention_attends_a_shared_prompt_then_each_response_alone(lengths, prefixes, kv_heads):
     """Prompts its rows share, each followed by its rows' responses: a response attends to its prompt's keys,
-    then causally to its own, never to another response or prompt."""
+    then causally to its own, never to another response or prompt; with fewer key / value heads than query
+    heads each serves its group of query heads (values and gradients those of repeating it for them)."""
     bounds = torch.tensor([0, *lengths]).cumsum(0)
-    q, k, v = (torch.randn(1, 2, int(bounds[-1]), 4) for _ in range(3))
+    q = torch.randn(1, 2, int(bounds[-1]), 4, requires_grad=True)
+    k, v = (torch.randn(1, kv_heads, int(bounds[-1]), 4, requires_grad=True) for _ in range(2))
     out, _ = row_attention(torch.nn.Module(), q, k, v, None, cu_seq_lens_q=bounds, row_prefixes=prefixes)
     want = []
+    repeat = 2 // kv_heads
     for s, prefix in enumerate(prefixes):
         a, b = bounds[s], bounds[s + 1]
         keys = list(range(bounds[prefix], bounds[prefix + 1])) if prefix >= 0 else []
         keys += list(range(a, b))
         mask = torch.ones(b - a, len(keys), dtype=torch.bool).tril(len(keys) - (b - a))
-        want.append(torch.nn.functional.scaled_dot_product_attention(q[..., a:b, :], k[..., keys, :], v[..., keys, :],
-                                                                     attn_mask=mask))
-    torch.testing.assert_close(out, torch.cat(want, 2).transpose(1, 2), rtol=0, atol=1e-6)
+        want.append(torch.nn.functional.scaled_dot_product_attention(
+            q[..., a:b, :], k[..., keys, :].repeat_interleave(repeat, 1), v[..., keys, :].repeat_interleave(repeat, 1),
+            attn_mask=mask))
+    want = torch.cat(want, 2).transpose(1, 2)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
+    weight = torch.randn(out.shape)
+    for got, expected in zip(torch.autograd.grad((out * weight).sum(), (q, k, v)),
+                             torch.autograd.grad((want * weight).sum(), (q, k, v))):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
 def test_the_pass_that_finds_the_prompt_cache_broken_is_laid_out_as_every_later_pass(tiny_dir, make_config, capsys):

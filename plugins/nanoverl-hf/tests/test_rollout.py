@@ -269,3 +269,87 @@ def test_each_distinct_prompt_prefix_is_computed_once(tiny_dir, make_config):
     assert fed[False][0] == (16, 7)                                         # plain: every row's whole prompt
     assert fed[True][:2] == [(4, 6), (16, 1)]                               # distinct prefixes, then each last token
     assert len(fed[True]) == len(fed[False]) + 1                            # the decode steps are the same
+
+
+def test_the_kv_cache_grows_in_place_and_holds_what_concatenation_holds():
+    """GrowingLayer against transformers' DynamicLayer fed the same states: a prefill, then one position at a
+    time, a row reorder in between (a method that replaces the tensors), then states of a narrower dtype
+    (concatenation promotes): equal keys and values after every update, written into few buffers."""
+    from transformers.cache_utils import DynamicLayer
+
+    from nanoverl_hf.rollout import GrowingLayer
+
+    g = torch.Generator().manual_seed(0)
+    plain, grown = DynamicLayer(), GrowingLayer()
+    buffers = set()
+    for step, (width, dtype) in enumerate([(5, torch.float32)] + [(1, torch.float32)] * 9 + [(2, torch.bfloat16)] * 3):
+        if step == 6:                                                   # a reorder, as beam search's
+            for layer in (plain, grown):
+                layer.keys, layer.values = layer.keys[[1, 0]], layer.values[[1, 0]]
+        k, v = (torch.randn(2, 3, width, 4, generator=g).to(dtype) for _ in range(2))
+        want, got = plain.update(k, v), grown.update(k, v)
+        for a, b in zip(want, got):
+            assert a.dtype == b.dtype and torch.equal(a, b), step
+        assert grown.get_seq_length() == plain.get_seq_length()
+        buffers.add(grown.keys.data_ptr())
+    assert len(buffers) <= 4                                            # a buffer per growth, not per update
+
+
+@pytest.mark.parametrize("compute", ["", "bfloat16"], ids=["float32", "bf16 autocast"])
+@pytest.mark.parametrize("share", [True, False], ids=["shared prompts", "plain generate"])
+def test_generation_through_the_growing_cache_equals_concatenation(tiny_dir, make_config, monkeypatch, share,
+                                                                   compute):
+    """The same ids, greedy and sampled, with the cache grown in place and with transformers' own
+    concatenation (growing() made a no-op): the views hold the numbers the concatenated tensors hold, and
+    under bf16 autocast the bf16 keys the float32 ones are cast to before attention reads them."""
+    import nanoverl_hf.rollout as rollout_module
+
+    cfg = make_config(tiny_dir, "trainer.seed=6", f"model.compute_dtype={compute}")
+    workers = make_workers(cfg)
+    rollout = make_rollout(cfg, workers)
+    rollout.share_prefix = share
+    batch = prompt_batch(workers.tokenizer, GROUPS, width=9)
+    sampled = SamplingParams(max_new_tokens=6, temperature=1.3, top_p=0.9)
+    updates = []
+    grown_update = rollout_module.GrowingLayer.update
+    monkeypatch.setattr(rollout_module.GrowingLayer, "update",
+                        lambda self, *args, **kwargs: updates.append(1) or grown_update(self, *args, **kwargs))
+    outs = {}
+    for grows in (True, False):
+        if not grows:
+            monkeypatch.setattr(rollout_module, "growing", lambda cache: cache)
+        updates.clear()
+        torch.manual_seed(11)
+        outs[grows] = rollout.generate(batch, GREEDY), rollout.generate(batch, sampled)
+        assert bool(updates) == grows
+    for a, b in zip(outs[True], outs[False]):
+        assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["response_mask"], b["response_mask"])
+
+
+@pytest.mark.parametrize("compute", ["", "bfloat16"], ids=["float32", "bf16 autocast"])
+def test_decoding_through_the_growing_cache_gives_the_same_logits(tiny_dir, make_config, compute):
+    """Stronger than equal ids: a prefill of left-padded prompts, then 5 decoding steps through each cache,
+    under the rollout's autocast: every step's logits are bitwise equal."""
+    from transformers import DynamicCache
+
+    from nanoverl_core.workers import autocast
+    from nanoverl_hf.rollout import growing
+
+    cfg = make_config(tiny_dir, f"model.compute_dtype={compute}")
+    workers = make_workers(cfg)
+    module = workers.actor.module.eval()
+    batch = prompt_batch(workers.tokenizer, PROMPTS, width=8)
+    logits = {}
+    for grows in (True, False):
+        cache = DynamicCache(config=module.config)
+        cache = growing(cache) if grows else cache
+        ids, mask, steps = batch["prompts"], batch["prompt_mask"], []
+        with torch.no_grad(), autocast(cfg.model, torch.device("cpu")):
+            for _ in range(6):
+                out = module(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+                steps.append(out.logits[:, -1].float())
+                ids = out.logits[:, -1:].argmax(-1)
+                mask = torch.cat([mask, torch.ones_like(ids)], 1)
+        logits[grows] = steps
+        assert {type(layer).__name__ for layer in cache.layers} == {"GrowingLayer" if grows else "DynamicLayer"}
+    assert all(torch.equal(a, b) for a, b in zip(logits[True], logits[False]))

@@ -24,6 +24,11 @@ layers are kept (a sliding window or a recurrent state cannot be cut by position
 every turn); the caches of episodes that ended are dropped after each call, all of them when the context
 exits. `[rollout.hf] turn_cache = false` prefills every turn whole.
 
+The KV cache grows in place: transformers' `DynamicLayer` concatenates each new position's keys and values
+to the cache, which copies every layer's whole cache at every decoding step. `GrowingLayer` writes them into
+buffers with room to spare (half again as much when full) and hands attention views of the filled part:
+the same numbers, so the same ids.
+
 Precision: with `model.compute_dtype` set, prefill and decoding run under the same autocast as the
 actor's log-prob passes (the sampler reads float32 scores either way).
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from nanoverl_core import RLBatch, SamplingParams, responses_to_batch
 from nanoverl_core.config import Config
@@ -44,6 +50,55 @@ from nanoverl_core.workers import autocast, cache_keyword, forward_keyword, prom
 
 from .models import load_policy, neutral_generation_config, resolve_source
 from .settings import HFRolloutSettings
+
+
+class GrowingLayer(DynamicLayer):
+    """A transformers `DynamicLayer` that appends in place (see the module docstring): its `keys` and `values`
+    are views of the first positions of buffers with room for more. A method that replaces them (crop,
+    reorder, select rows) leaves tensors of its own, which the next update copies into new buffers.
+
+    Under autocast the buffers hold autocast's dtype: attention (an autocast op) casts its keys and values
+    to it before it reads them, so it reads the same numbers, and a float32 key (the rotary embedding
+    promotes bf16 ones) is not cast again at every decoding step. Without autocast they hold the dtype
+    concatenation would give."""
+
+    buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    """(keys, values) with room for more positions, or None before the first update."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        held, new = self.get_seq_length(), key_states.shape[-2]
+        buffers = self.buffers
+        if buffers is None or self.keys.data_ptr() != buffers[0].data_ptr() or held + new > buffers[0].shape[-2]:
+            buffers = tuple(self._grown(old, states, held, held + new)
+                            for old, states in ((self.keys, key_states), (self.values, value_states)))
+            self.buffers = buffers
+        for buffer, states in zip(buffers, (key_states, value_states)):
+            buffer[..., held:held + new, :] = states
+        self.keys, self.values = (buffer[..., :held + new, :] for buffer in buffers)
+        return self.keys, self.values
+
+    @staticmethod
+    def _grown(old: torch.Tensor, states: torch.Tensor, held: int, needed: int) -> torch.Tensor:
+        """A buffer for `needed` positions and half as many again (see the class docstring for its dtype),
+        holding the `held` positions of `old`."""
+        device = states.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
+            torch.promote_types(old.dtype, states.dtype) if held else states.dtype
+        buffer = states.new_empty((*states.shape[:-2], needed + needed // 2, states.shape[-1]), dtype=dtype)
+        if held:
+            buffer[..., :held, :] = old
+        return buffer
+
+
+def growing(cache):
+    """`cache` (a transformers Cache) with each plain `DynamicLayer` made a `GrowingLayer`, in place: the
+    same tensors, appended to in place from now on. Other layers (sliding windows, recurrent states) stay."""
+    for layer in getattr(cache, "layers", None) or ():
+        if type(layer) is DynamicLayer:
+            layer.__class__ = GrowingLayer
+    return cache
 
 
 def _is_sharded(module: torch.nn.Module) -> bool:
@@ -170,6 +225,13 @@ class HFRollout:
         cache = prompt_cache(self.module, name, ids[:, :-1], mask[:, :-1], self.keeps_logits)
         return {} if cache is None else {name: cache}
 
+    def _empty_cache(self) -> dict:
+        """generate's cache argument for a plain generate: the empty cache generate would make itself (one
+        layer per the model's layer types), given so that its full-attention layers grow in place."""
+        from transformers import DynamicCache
+
+        return {} if self.cache_keyword is None else {self.cache_keyword: DynamicCache(config=self.module.config)}
+
     def _kept_cache(self, keys: list[int], ids: torch.Tensor, mask: torch.Tensor) -> dict:
         """generate's cache argument for rows whose episodes have kept caches: the first C columns of the
         left-padded prompts ids / mask (b, W), each row's from the kept keys and values of its prompt's first
@@ -204,10 +266,8 @@ class HFRollout:
         """By episode key, each row's tokens that generate's returned `cache` holds (its prompt, left padding
         dropped, and what it sampled but the last token) and views of their keys and values. {} for a cache
         that is not full attention in every layer (sliding windows, recurrent states)."""
-        from transformers.cache_utils import DynamicLayer
-
         layers = getattr(cache, "layers", None)
-        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        if not layers or any(type(layer) not in (DynamicLayer, GrowingLayer) for layer in layers):
             return {}
         end = min(cache.get_seq_length(), sequences.shape[1])
         starts = (mask.shape[1] - mask.sum(1)).tolist()                  # each row's left padding
@@ -238,9 +298,10 @@ class HFRollout:
                 rows = keys[start:start + micro] if keys is not None else None
                 with autocast(self.config.model, self.device):          # model.compute_dtype, as the actor's passes
                     cache = self._kept_cache(rows, ids, mask) if rows is not None else {}
-                    cache = cache or self._prefix_cache(ids, mask)     # the first turn: shared prompts
+                    cache = cache or self._prefix_cache(ids, mask) or self._empty_cache()  # the first turn
                     out = self.module.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config,
-                                               logits_processor=processors, **cache)
+                                               logits_processor=processors,
+                                               **{name: growing(c) for name, c in cache.items()})
                 if rows is not None:
                     kept.update(self._keep(rows, mask, out.sequences, getattr(out, self.cache_keyword, None)))
                 responses.append(out.sequences[:, ids.shape[1]:].cpu())          # (b, R) new tokens: one copy
