@@ -274,7 +274,8 @@ def test_each_distinct_prompt_prefix_is_computed_once(tiny_dir, make_config):
 def test_the_kv_cache_grows_in_place_and_holds_what_concatenation_holds():
     """GrowingLayer against transformers' DynamicLayer fed the same states: a prefill, then one position at a
     time, a row reorder in between (a method that replaces the tensors), then states of a narrower dtype
-    (concatenation promotes): equal keys and values after every update, written into few buffers."""
+    (concatenation promotes): equal keys and values after every update, written into few buffers (transformers'
+    own first update, then one a growth, not one an update)."""
     from transformers.cache_utils import DynamicLayer
 
     from nanoverl_hf.rollout import GrowingLayer
@@ -292,7 +293,7 @@ def test_the_kv_cache_grows_in_place_and_holds_what_concatenation_holds():
             assert a.dtype == b.dtype and torch.equal(a, b), step
         assert grown.get_seq_length() == plain.get_seq_length()
         buffers.add(grown.keys.data_ptr())
-    assert len(buffers) <= 4                                            # a buffer per growth, not per update
+    assert len(buffers) <= 5            # the first states as transformers keeps them, then a buffer per growth
 
 
 @pytest.mark.parametrize("compute", ["", "bfloat16"], ids=["float32", "bf16 autocast"])
