@@ -37,12 +37,10 @@ from common import gemm_gflops, machine  # noqa: E402
 HIDDEN, KV, MLP, VOCAB, BLOCKS = 576, 192, 1536, 49152, 30     # SmolLM2-135M
 
 
-def shapes(tokens: int, head_rows: int) -> dict[str, tuple[int, int, int]]:
-    """name -> (m, k, n) of C(m x n) = A(m x k) B(k x n)."""
-    return {"q_o_proj": (tokens, HIDDEN, HIDDEN), "k_v_proj": (tokens, HIDDEN, KV),
-            "mlp_up": (tokens, HIDDEN, MLP), "mlp_down": (tokens, MLP, HIDDEN),
-            "mlp_up_weight_grad": (MLP, tokens, HIDDEN), "lm_head": (head_rows, HIDDEN, VOCAB),
-            "lm_head_input_grad": (head_rows, VOCAB, HIDDEN)}
+SHAPES = {"q_o_proj": "q_o_forward", "k_v_proj": "k_v_forward", "mlp_up": "gate_up_forward",
+          "mlp_down": "down_forward", "mlp_up_weight_grad": "gate_up_weight_grad", "lm_head": "head_forward",
+          "lm_head_input_grad": "head_input_grad"}
+"""`shape_gflops`' names for the products of `update_products` they report (each timed once, for both)."""
 
 
 LAYERS = {"q_o": (HIDDEN, HIDDEN, 2), "k_v": (HIDDEN, KV, 2), "gate_up": (HIDDEN, MLP, 2), "down": (MLP, HIDDEN, 1)}
@@ -81,12 +79,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(threads)
         for dtype in args.dtypes:
             square = gemm_gflops(repeats=args.repeats, dtype=dtype)
-            head_rows = args.head_rows or max(1, args.tokens // 4)
-            per_shape = {name: round(gemm_gflops(mkn, args.repeats, dtype), 1)
-                         for name, mkn in shapes(args.tokens, head_rows).items()}
-            products = update_products(args.tokens, head_rows)
-            mix = update_mix({name: gemm_gflops(mkn, args.repeats, dtype) for name, (mkn, _) in products.items()},
-                             products)
+            products = update_products(args.tokens, args.head_rows or max(1, args.tokens // 4))
+            rates = {name: gemm_gflops(mkn, args.repeats, dtype) for name, (mkn, _) in products.items()}
+            per_shape = {name: round(rates[product], 1) for name, product in SHAPES.items()}
+            mix = update_mix(rates, products)
             print(json.dumps({"benchmark": "gemm_probe", "threads": threads, "dtype": dtype,
                               "square_2048_gflops": round(square, 1), "tokens": args.tokens, "shape_gflops": per_shape,
                               "update_mix_gflops": round(mix, 1),

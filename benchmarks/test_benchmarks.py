@@ -102,7 +102,7 @@ def test_gemm_probe_reports_the_square_and_the_model_shapes_in_each_dtype():
         assert row["square_2048_gflops"] > 0
         assert set(row["shape_gflops"]) == {"q_o_proj", "k_v_proj", "mlp_up", "mlp_down", "mlp_up_weight_grad",
                                             "lm_head", "lm_head_input_grad"}
-        # all of an update's products together run between its slowest and fastest shape (a weighted mean)
+        # the update's products together, against the square product
         assert 0 < row["summary"]["update_mix_over_square"] == round(row["update_mix_gflops"] /
                                                                      row["square_2048_gflops"], 3)
 

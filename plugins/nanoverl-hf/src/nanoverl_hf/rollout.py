@@ -66,8 +66,10 @@ class GrowingLayer(DynamicLayer):
     """(keys, values) with room for more positions, or None before the first update."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:         # the first states: transformers' own initialisation (it varies by
-            return super().update(key_states, value_states, *args, **kwargs)    # version); buffers from the next
+        # the first states go through transformers' own update (its initialisation varies by version); the
+        # buffers start at the next update
+        if not self.is_initialized:
+            return super().update(key_states, value_states, *args, **kwargs)
         held, new = self.get_seq_length(), key_states.shape[-2]
         buffers = self.buffers
         if buffers is None or self.keys.data_ptr() != buffers[0].data_ptr() or held + new > buffers[0].shape[-2]:
