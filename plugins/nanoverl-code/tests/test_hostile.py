@@ -1,13 +1,14 @@
 """The hostile catalogue: real programs that attack the sandbox, the grader, the host and the parent.
 
-Each one must end as a scored failure of its row with its kind, leave no process running (the `no_leftovers`
-fixture scans /proc after every test), change nothing outside its execution's directory, and leave this
-process (the parent) as it was. The limits are tight so that the bombs stay small on a shared machine.
+Each one must end as a scored failure of its row with its kind, leave no process running, no IPC object, key
+or cgroup on the host (the `no_leftovers` fixture, conftest.py), change nothing outside its execution's
+directory, and leave this process (the parent) as it was. The limits are tight so that the bombs stay small
+on a shared machine. The verdict's own rules are in test_checker.py; what survives a test case, rlimits mode
+and where the sandbox may live, in test_isolation.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -15,61 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ADD_ROW, MARK, SUM_ROW, kinds, score
 
-from nanoverl_code.rewards import score_row
 from nanoverl_code.sandbox import run_tests
-from nanoverl_code.settings import CodeSettings
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-TIGHT = dict(cpu_s=1.0, wall_s=3.0, memory_mb=256, processes=12, max_output_bytes=1 << 20)
-SUM_ROW = {"reward_model": {"ground_truth": json.dumps({"inputs": ["2 3\n"], "outputs": ["5\n"]})}}
-"""A stdin/stdout row in verl's prime_code layout: the answer is 5."""
-ADD_ROW = {"test_list": ["assert add(2, 3) == 5", "assert add(20, 11) == 31337"]}
-"""An assert row (MBPP layout); the second expected value is one no honest program computes."""
-MARK = "987.654"
-"""The argument of the `sleep` a daemon leaves behind; the leftover scan looks for it."""
-
-
-def score(program: str, row: dict = SUM_ROW, **limits) -> tuple[dict, list]:
-    settings = CodeSettings(code_from="response", score="fraction", **{**TIGHT, **limits})
-    return score_row(program, row, settings)
-
-
-def kinds(result: tuple[dict, list, list]) -> list[str]:
-    """Each test case's verdict: "pass" or its failure kind."""
-    return result[1]
-
-
-def leftovers() -> list[str]:
-    """Processes of a sandbox still alive: a uid of the executions' range (root) or the daemons' marker."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
-        if uid >= 1_000_000 or MARK in cmdline or "nanoverl_code/jail.py" in cmdline:
-            found.append(f"{entry.name} uid={uid} {cmdline[:80]}")
-    return found
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    def environment():
-        return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    pid, cwd, env = os.getpid(), os.getcwd(), environment()
-    yield
-    deadline = time.monotonic() + 5
-    while leftovers() and time.monotonic() < deadline:  # a launcher killed at the deadline is being reaped
-        time.sleep(0.1)
-    assert leftovers() == []
-    assert (os.getpid(), os.getcwd(), environment()) == (pid, cwd, env)
+pytestmark = pytest.mark.usefixtures("no_leftovers")
 
 
 # ---- the network ------------------------------------------------------------------------------------------
@@ -85,7 +36,7 @@ def test_a_tcp_connection_to_a_listener_on_loopback_fails():
         listener.accept()
     listener.close()
     assert result[0]["score"] == 0.0 and kinds(result) == ["runtime_error"]
-    assert "Network is unreachable" in result[2][0].stderr
+    assert "Network is unreachable" in result[2][0].stderr  # a network namespace with a loopback that is down
 
 
 # ---- resources ----------------------------------------------------------------------------------------------
@@ -121,6 +72,101 @@ def test_100_mb_of_stdout_is_an_output_limit():
 def test_a_segfault_through_ctypes_is_a_runtime_error():
     result = score("import ctypes\nctypes.string_at(0)\nprint(5)")
     assert kinds(result) == ["runtime_error"] and "SIGSEGV" in result[2][0].detail
+
+
+# ---- limits for the execution as a whole: CPU time, memory, processes -----------------------------------------
+SPINNER = """
+import os, signal
+signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+for _ in range({children}):
+    if os.fork() == 0:
+        break
+while True:
+    pass
+"""
+
+
+@pytest.mark.parametrize("children", [0, 4], ids=["one process", "five processes"])
+def test_cpu_time_is_summed_over_every_process_and_sigxcpu_cannot_be_ignored(children):
+    """RLIMIT_CPU is per process and its first signal can be ignored: the cgroup's CPU time, summed over every
+    process the program forks, ends the execution at cpu_s."""
+    result = score(SPINNER.format(children=children), cpu_s=1.0, wall_s=20)
+    outcome = result[2][0]
+    assert kinds(result) == ["timeout"] and "CPU limit" in outcome.detail
+    assert 1.0 <= outcome.cpu_s <= 1.3, outcome
+
+
+MEMORY_HOLDERS = {
+    "System V shared memory": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+for _ in range(12):                      # 192 MiB, one 16 MiB segment mapped at a time
+    sid = libc.shmget(0, ctypes.c_size_t(16 << 20), 0o1600)
+    addr = libc.shmat(sid, None, 0)
+    ctypes.memset(addr, 1, 16 << 20)
+    libc.shmdt(ctypes.c_void_p(addr))
+print(5)""",
+    "memfds": """
+import os
+fds = [os.memfd_create("x") for _ in range(10)]
+for fd in fds:                           # 150 MiB in memfds
+    for _ in range(15):
+        os.write(fd, b"x" * (1 << 20))
+print(5)""",
+    "files in its tmpfs": """
+for i in range(10):
+    with open(f"/tmp/big{i}", "wb") as f:
+        for _ in range(15):
+            f.write(b"x" * (1 << 20))
+print(5)""",
+    "POSIX shared memory (/dev/shm)": """
+import mmap, os
+for i in range(10):
+    fd = os.open(f"/dev/shm/seg{i}", os.O_CREAT | os.O_RDWR)
+    os.ftruncate(fd, 15 << 20)
+    with mmap.mmap(fd, 15 << 20) as m:
+        m.write(b"x" * (15 << 20))
+print(5)""",
+    "forked children": """
+import os, time
+held = b"x" * (20 << 20)
+for _ in range(4):                       # five processes of 20 MiB each, each under the address-space limit
+    if os.fork() == 0:
+        held = b"y" * (20 << 20)
+        time.sleep(5)
+        os._exit(0)
+time.sleep(5)
+print(5)""",
+}
+
+
+@pytest.mark.parametrize("program", MEMORY_HOLDERS.values(), ids=MEMORY_HOLDERS.keys())
+def test_memory_of_every_kind_counts_against_one_budget(program):
+    """memory_mb = 64 for the execution: memory outside any process's address space (shared segments, memfds,
+    tmpfs files) and memory spread over processes count together; the execution fails with `memory`."""
+    result = score(program, memory_mb=64, disk_mb=256, file_size_mb=32, wall_s=10)
+    assert kinds(result) == ["memory"], result[2]
+
+
+def test_the_process_limit_counts_every_process_of_the_execution_wherever_it_went():
+    program = """
+import os, time
+started = 0
+for _ in range(40):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.setsid()                      # its own session: still the execution's
+        time.sleep(3)
+        os._exit(0)
+    started += 1
+print(started)
+"""
+    result = score(program, processes=12)
+    assert kinds(result) == ["wrong_answer"] and int(result[2][0].stdout) == 11  # and the program itself
 
 
 # ---- files --------------------------------------------------------------------------------------------------
@@ -295,26 +341,113 @@ def add(a, b):
     assert kinds(result) == ["pass", "wrong_answer"]
 
 
-def test_killing_the_checker_fails_the_test():
+def test_the_checker_is_out_of_the_programs_reach():
+    """The checker holds the tests and the verdict; it is forked before the test case's PID namespace exists,
+    so the program sees only itself and its reaper, and a kill of every pid it can name reaches nothing else."""
     program = """
 import os, signal
 def add(a, b):
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) not in (1, os.getpid()):
+    seen = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    for pid in list(range(1, 200)) + [-1]:
+        if pid not in (1, os.getpid()):
             try:
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-    return a + b
+    return a + b if seen == [1, os.getpid()] else 0
 """
     result = score(program, ADD_ROW)
-    assert result[0]["score"] == 0.0 and set(kinds(result)) <= {"runtime_error"}
+    assert kinds(result) == ["pass", "wrong_answer"]
 
 
 def test_printing_what_a_harness_would_print_is_not_a_pass():
     for marker in ('{"kind": "ok"}', "\x00\x00\x00\x0e{\"kind\": \"ok\"}", "PASSED"):
         result = score(f"print({marker!r})\ndef add(a, b):\n    return 0", ADD_ROW)
         assert kinds(result) == ["wrong_answer", "wrong_answer"]
+
+
+# ---- the program's replies are untrusted input -----------------------------------------------------------------
+HOSTILE_FRAMES = {
+    "a length of 4 GiB, then nothing": "os.write(5, b'\\xff\\xff\\xff\\xff')",
+    "JSON nested 100,000 deep": "body = b'[' * 100000 + b']' * 100000\nos.write(5, len(body).to_bytes(4, 'big') + body)",
+    "bytes that are not UTF-8": "os.write(5, b'\\x00\\x00\\x00\\x04\\xff\\xfe\\xfd\\xfc')",
+    "an integer of 100,000 digits": "body = b'{\"value\": ' + b'9' * 100000 + b'}'\nos.write(5, len(body).to_bytes(4, 'big') + body)",
+    "a set of lists": "body = b'{\"value\": {\"__set__\": [[1]]}}'\nos.write(5, len(body).to_bytes(4, 'big') + body)",
+    "a tag with bad hex": "body = b'{\"value\": {\"__bytes__\": \"zz\"}}'\nos.write(5, len(body).to_bytes(4, 'big') + body)",
+    "a list, not an object": "body = b'[1, 2]'\nos.write(5, len(body).to_bytes(4, 'big') + body)",
+    "a raised with no list": "body = b'{\"raised\": 7}'\nos.write(5, len(body).to_bytes(4, 'big') + body)",
+}
+
+
+@pytest.mark.parametrize("mode", ["call", "assert"])
+@pytest.mark.parametrize("frame", HOSTILE_FRAMES.values(), ids=HOSTILE_FRAMES.keys())
+def test_a_malformed_reply_is_the_rows_failure_and_nothing_else(frame, mode):
+    """The program writes where the sandbox reads its replies (fd 5), before BOOT's own first frame and then
+    as its answer: every such frame is parsed with limits, and the row fails with its kind."""
+    call_row = {"ground_truth": {"fn_name": "add", "inputs": [[2, 3]], "outputs": [5]}}
+    for when in ("first", "as the reply"):
+        program = f"import os\n{frame}\n" if when == "first" else \
+            f"import os\ndef add(a, b):\n    {frame.replace(chr(10), chr(10) + '    ')}\n    os._exit(0)\n"
+        result = score(program, call_row if mode == "call" else ADD_ROW, wall_s=2)
+        assert result[0]["score"] == 0.0 and set(kinds(result)) <= {"runtime_error", "wrong_answer", "timeout"}, \
+            (when, result[2])
+
+
+def test_a_reply_that_arrives_unasked_is_still_only_a_value():
+    """The program may answer before it is asked (it can read its request on fd 4 itself): that is its value
+    for the call, compared like any other, never a verdict."""
+    call_row = {"ground_truth": {"fn_name": "add", "inputs": [[2, 3]], "outputs": [5]}}
+    program = ("import os, json\nfor obj in ({'ready': True}, {'value': 6}):\n    body = json.dumps(obj).encode()\n"
+               "    os.write(5, len(body).to_bytes(4, 'big') + body)\nos._exit(0)\n")
+    assert kinds(score(program, call_row)) == ["wrong_answer"]
+
+
+@pytest.mark.parametrize("program, kind", [
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nprint(5)", "timeout"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "runtime_error"),
+    ("import os, signal\nfor sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV):\n    try:\n"
+     "        os.kill(os.getppid(), sig)\n    except OSError:\n        pass\nprint(4)", "wrong_answer"),
+    ("import os\nos._exit(97)", "compile_error"),
+], ids=["stops itself", "kills itself", "signals its reaper", "fakes BOOT's compile status"])
+def test_signals_and_exit_statuses_the_program_chooses_fail_its_row(program, kind):
+    """A program can pick how it fails (even a kind BOOT reports); it cannot pick a pass."""
+    result = score(program, wall_s=2)
+    assert kinds(result) == [kind] and result[0]["score"] == 0.0
+
+
+# ---- the kernel's surface ---------------------------------------------------------------------------------------
+SYSCALLS = {
+    "add_key (a key outlives the process)": ("libc.syscall(248, b'user', b'nanoverl', b'secret', 6, -4)", "EPERM"),
+    "keyctl, the persistent keyring": ("libc.syscall(250, 22, os.getuid(), -4)", "EPERM"),
+    "unshare a user namespace": ("libc.unshare(0x10000000)", "EPERM"),
+    "unshare a network namespace": ("libc.unshare(0x40000000)", "EPERM"),
+    "clone a PID namespace": ("libc.syscall(56, 0x20000000 | 17, 0, 0, 0, 0)", "EPERM"),
+    "bpf": ("libc.syscall(321, 0, 0, 0)", "EPERM"),
+    "io_uring_setup": ("libc.syscall(425, 1, ctypes.create_string_buffer(120))", "EPERM"),
+    "userfaultfd": ("libc.syscall(323, 0)", "EPERM"),
+    "perf_event_open": ("libc.syscall(298, ctypes.create_string_buffer(128), 0, -1, -1, 0)", "EPERM"),
+    "ptrace of its own child": ("libc.ptrace(16, os.fork() or 1, 0, 0)", "EPERM"),
+    "mount a tmpfs": ("libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None)", "EPERM"),
+}
+
+
+@pytest.mark.parametrize("call, error", SYSCALLS.values(), ids=SYSCALLS.keys())
+def test_system_calls_outside_the_programs_needs_are_refused(call, error):
+    program = f"""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+ret = {call}
+if os.getpid() != 2:
+    os._exit(0)                # a forked child, if any
+print(ret, errno.errorcode.get(ctypes.get_errno()))
+"""
+    result = score(program)
+    assert result[2][0].stdout.decode().split() == ["-1", error], result[2]
+
+
+def test_a_system_call_of_another_abi_kills_the_program():
+    result = score("import ctypes\nctypes.CDLL(None).syscall(0x40000000 | 39)\nprint(5)")  # x32's getpid
+    assert kinds(result) == ["runtime_error"] and "SIGSYS" in result[2][0].detail
 
 
 # ---- the host is untouched by many executions at once -------------------------------------------------------

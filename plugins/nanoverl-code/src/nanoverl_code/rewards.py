@@ -137,12 +137,13 @@ def _plain(value: Any) -> Any:
 
 
 def same_value(reply: dict, expected: Any) -> bool:
-    from .jail import Uncarried, decode
+    """The call's returned value (plain data, decoded with jail.wire.decode's limits) equals the expected one."""
+    from .jail.wire import Uncarried, decode
     if "value" not in reply:
         return False
     try:
         got = _plain(decode(reply["value"]))
-    except (Uncarried, ValueError, TypeError, RecursionError):
+    except (Uncarried, RecursionError):
         return False
     expected = _plain(expected)
     return got == expected or isinstance(expected, list) and len(expected) == 1 and got == expected[0]
@@ -157,9 +158,9 @@ def verdicts(tests: dict[str, Any], outcomes: list[Outcome], compare: str) -> li
         elif tests["mode"] == "stdio":
             kinds.append("pass" if same_output(outcome.stdout, tests["expected"][i], compare) else "wrong_answer")
         elif tests["mode"] == "call":
-            reply = outcome.reply or {}
-            kinds.append("pass" if same_value(reply, tests["expected"][i]) else
-                         "runtime_error" if "raised" in reply else "wrong_answer")
+            reply = outcome.reply
+            kinds.append("runtime_error" if reply is None or "raised" in reply else
+                         "pass" if same_value(reply, tests["expected"][i]) else "wrong_answer")
         else:
             kinds.append("pass")
     return kinds
@@ -196,7 +197,8 @@ def score_row(response: str, sample: dict, settings: CodeSettings
     if tests.get("prefix") and tests.get("entry"):
         program = with_prompt(program, tests["prefix"], tests["entry"])
     outcomes = run_tests(program, tests["mode"], tests["tests"], settings.limits, settings.sandbox, settings.python,
-                         setup=tests.get("setup", ""), entry=tests.get("entry", ""), fn_name=tests.get("fn_name", ""))
+                         setup=tests.get("setup", ""), entry=tests.get("entry", ""), fn_name=tests.get("fn_name", ""),
+                         accounting=settings.limits_per, cgroup=settings.cgroup)
     kinds = verdicts(tests, outcomes, settings.compare)
     n = len(kinds)
     for kind in kinds:

@@ -13,7 +13,8 @@ import attrs
 
 from nanoverl_core.config import above, at_least, between
 
-from .sandbox import Limits, probe
+from .sandbox import Limits, hierarchy, probe
+from .seccomp import SandboxUnavailable, program_filter
 
 
 def _dotted_path(_instance, attribute, value: str) -> None:
@@ -23,23 +24,54 @@ def _dotted_path(_instance, attribute, value: str) -> None:
 
 
 def _sandbox_works(instance, _attribute, value: str) -> None:
-    reason = probe(value, instance.python)
+    if _accounting_reason(instance):
+        return  # the `limits_per` key says why
+    try:
+        program_filter(value)
+    except SandboxUnavailable as exc:
+        raise ValueError(f"the sandbox needs seccomp: {exc}") from None
+    reason = probe(value, instance.python, instance.limits_per, instance.cgroup)
     if reason and value == "namespaces":
         raise ValueError(f"the namespace sandbox cannot be made on this machine ({reason}); set "
-                         "[reward.code] sandbox = \"rlimits\" to run programs with rlimits only (no network, PID or "
-                         "mount isolation: docs/code.md)")
+                         "[reward.code] sandbox = \"rlimits\" to run programs with rlimits and Landlock only (no "
+                         "network, PID or mount namespaces: docs/code.md)")
     if reason:
         raise ValueError(f"programs do not run in the sandbox here ({reason}); set [reward.code] python to an "
                          "interpreter that an unprivileged user can run (e.g. /usr/bin/python3)")
 
 
+def _accounting_reason(instance) -> str:
+    if instance.limits_per != "execution":
+        return ""
+    try:
+        hierarchy(instance.cgroup)
+    except SandboxUnavailable as exc:
+        return str(exc)
+    return ""
+
+
+def _enforceable(instance, _attribute, value: str) -> None:
+    reason = _accounting_reason(instance)
+    if reason:
+        raise ValueError(f"CPU time, memory and processes cannot be limited per execution here: {reason}")
+
+
 @attrs.define
 class CodeSettings:
     sandbox: Literal["namespaces", "rlimits"] = attrs.field(default="namespaces", validator=_sandbox_works)
-    """"namespaces": each execution in new mount, PID, network, IPC and UTS namespaces (a user namespace too
-    when not root) with a read-only root, no network, a fresh tmpfs /work and an unprivileged uid.
-    "rlimits": the same processes on the host under rlimits only, in a fresh folder, as a fresh uid when root:
-    no network or filesystem isolation (docs/code.md); for machines where namespaces cannot be made."""
+    """"namespaces": each test case in new mount, PID, network, IPC and UTS namespaces (a user namespace too
+    when not root) with a read-only root, no network, a fresh tmpfs /tmp and an unprivileged uid.
+    "rlimits": the same processes on the host, each test case in a fresh folder that Landlock confines the
+    program to, no sockets, as a fresh uid when root: no PID or network namespace (docs/code.md); for
+    machines where namespaces cannot be made."""
+    limits_per: Literal["execution", "process"] = attrs.field(default="execution", validator=_enforceable)
+    """"execution": cpu_s, memory_mb and processes count every process of an execution together (a cgroup per
+    test case: CPU time summed over its processes, memory of every kind, shared and tmpfs included);
+    "process": per-process rlimits only (work spread over forked children, shared memory and memfds escape
+    them), for machines without usable cgroups."""
+    cgroup: str = ""
+    """cgroup v2 only: a cgroup folder delegated to the user running nanoverl, under which each execution's
+    cgroup is made (its subtree_control must allow memory and pids); "": automatic (as root)."""
     code_from: Literal["last_block", "response"] = "last_block"
     """Where the program is: "last_block" the last fenced code block (```python, ```py or bare ```; the whole
     response when it has none, as verl's prime_code), "response" the whole response. <think>...</think> is
@@ -55,21 +87,22 @@ class CodeSettings:
     """The row field holding the test cases (dotted path); empty: reward_model.ground_truth, ground_truth, ...
     then the row's own test fields (test + entry_point, test_list)."""
     cpu_s: float = attrs.field(default=2.0, validator=above(0))
-    """CPU seconds per execution (RLIMIT_CPU; over it: timeout)."""
+    """CPU seconds per execution, all its processes together (over it: timeout)."""
     wall_s: float = attrs.field(default=5.0, validator=above(0))
     """Wall-clock seconds per execution, from the interpreter's start (over it: timeout)."""
     memory_mb: int = attrs.field(default=512, validator=at_least(32))
-    """Address space per process in MiB (RLIMIT_AS; over it: memory). The interpreter needs about 20."""
+    """Memory per execution in MiB, all its processes and every kind together: anonymous, shared, memfd, its
+    /tmp files (over it: memory); also each process's address space. The interpreter needs about 20."""
     max_output_bytes: int = attrs.field(default=1 << 20, validator=above(0))
     """stdout + stderr (and a returned value) per execution in bytes (over it: output_limit)."""
     processes: int = attrs.field(default=16, validator=at_least(1))
-    """Processes and threads the execution's uid may have at once (RLIMIT_NPROC)."""
+    """Processes and threads an execution may have at once."""
     file_size_mb: int = attrs.field(default=16, validator=at_least(0))
     """Largest file an execution may write, in MiB (RLIMIT_FSIZE)."""
     open_files: int = attrs.field(default=64, validator=at_least(16))
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     disk_mb: int = attrs.field(default=32, validator=at_least(1))
-    """Size of the execution's tmpfs /work (namespaces only; /tmp is the same folder)."""
+    """Size of the execution's tmpfs /tmp, its working folder (namespaces only; it counts in memory_mb too)."""
     python: str = ""
     """The interpreter programs run on; "": the base installation of the Python running nanoverl (the standard
     library and that installation's own site-packages, not the venv's). A venv's python brings its packages;
