@@ -48,6 +48,9 @@ def test_a_builtin_named_by_the_row_as_its_entry_point_is_the_programs():
     assert program_names("def check(candidate):\n    assert candidate([2, 1]) == [1, 2]\n", set(),
                          entry="sorted") == ["sorted"]
     assert "sorted" not in program_names("assert sorted(f([2, 1])) == [1, 2]", set())
+    row = {"test_list": ["assert sum([1, 2]) == 6"]}                     # MBPP: the row's entry_point
+    doubled = "def sum(xs):\n    total = 0\n    for x in xs:\n        total += 2 * x\n    return total\n"
+    assert verdicts(doubled, row) == ["wrong_answer"] and verdicts(doubled, {**row, "entry_point": "sum"}) == ["pass"]
 
 
 SHADOWED = [  # (the builtin, an assert the right answer passes, the constant a shadow and the wrong f return)

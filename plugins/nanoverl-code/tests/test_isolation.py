@@ -5,6 +5,7 @@ interpreter and the temporary folder are."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import socket
@@ -273,3 +274,44 @@ def score_row_default(response: str, row: dict, **settings) -> float:
     from nanoverl_code.rewards import code
     return code("", response, row, CodeSettings(**settings))["score"]
 
+
+
+AS_NOBODY = r"""
+import json, os, sys
+sys.path[:0] = sys.argv[1:]
+from nanoverl_code import sandbox
+out = {"uid": os.getuid(), "execution": sandbox.probe("namespaces", "", "execution"),
+       "namespaces": sandbox.probe("namespaces", "", "process"), "rlimits": sandbox.probe("rlimits", "", "process")}
+for isolation in ("namespaces", "rlimits"):
+    seen = sandbox.run_tests("import os\nprint(os.getuid(), len([p for p in os.listdir('/proc') if p.isdigit()]))",
+                             "stdio", [{"stdin": ""}], isolation=isolation, accounting="process")[0]
+    checked = sandbox.run_tests("def add(a, b):\n    return a + b", "assert",
+                                [{"code": "assert add(2, 3) == 5"}, {"code": "assert abs(add(1, 1)) == 3"}],
+                                isolation=isolation, accounting="process")
+    out[isolation + "_run"] = [seen.kind, seen.stdout.decode()] + [o.kind for o in checked]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not (ROOT and os.path.exists("/usr/bin/python3") and shutil.which("setpriv")),
+                    reason="runs the reward's side as another user: needs root, setpriv and /usr/bin/python3")
+def test_as_another_user_the_sandbox_runs_in_a_user_namespace_and_says_what_it_cannot_limit():
+    """The reward's side as `nobody`, on the system interpreter: the programs run in a user namespace as one's
+    own uid (rlimits mode under Landlock); per-execution limits are refused with the reason and the way out."""
+    import attrs
+    import nanoverl_code
+    paths = [str(Path(nanoverl_code.__file__).parents[1]), str(Path(attrs.__file__).parents[1])]
+    for path in paths:  # every folder above must be searchable by others
+        if not all(os.stat(p).st_mode & 0o001 for p in [path, *map(str, Path(path).parents)]):
+            pytest.skip(f"{path} is not readable by another user")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                           AS_NOBODY, *paths], capture_output=True, text=True, timeout=120, cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["uid"] == 65534 and out["namespaces"] == "" and "limits_per = \"process\"" in out["execution"]
+    assert out["namespaces_run"] == ["ok", "65534 2\n", "ok", "wrong_answer"]
+    if out["rlimits"] == "":  # Landlock ABI 6 or later
+        assert out["rlimits_run"][0] == "ok" and out["rlimits_run"][2:] == ["ok", "wrong_answer"]
+    else:
+        assert "Landlock ABI 6" in out["rlimits"]

@@ -168,7 +168,7 @@ def find(delegated: str = "") -> Hierarchy:
                 v1[controller] = (point, root)
     if len(v1) == len(V1_CONTROLLERS):
         if os.getuid() != 0:
-            raise SandboxUnavailable("cgroup v1 lets only root make cgroups here; run as root or set limits = "
+            raise SandboxUnavailable("cgroup v1 lets only root make cgroups here; run as root or set limits_per = "
                                      "\"process\"")
         bases: dict[str, list[str]] = {}
         for controller, (point, root) in v1.items():
@@ -182,7 +182,7 @@ def find(delegated: str = "") -> Hierarchy:
     usable = [(point, root) for point, root in unified if set(V2_CONTROLLERS) <= _controllers(point)]
     if not usable:
         missing = "no cgroup2 mount" if not unified else "the memory and pids controllers are not in cgroup v2 here"
-        raise SandboxUnavailable(f"CPU time and memory cannot be counted per execution ({missing}); set limits = "
+        raise SandboxUnavailable(f"CPU time and memory cannot be counted per execution ({missing}); set limits_per = "
                                  "\"process\" for per-process rlimits")
     point, _ = usable[0]
     if os.getuid() != 0:

@@ -21,7 +21,8 @@ truth that is a dict (or a JSON object in a string):
                   program (a whole function replaces the prompt's signature, anything else is its body:
                   with_prompt), and is run by the checker too, for the helpers the tests call
     MBPP          "test_list" (assert statements, each a test case), with "test_setup_code" and
-                  "test_imports" run by the checker first
+                  "test_imports" run by the checker first; an "entry_point" names the program's function
+                  when the tests call it by a builtin's name
 
 The verdict is never the program's to give: stdin/stdout and call-based outputs are compared here, in the
 reward's process; assert tests run in a separate checker process whose calls of the program's functions
@@ -106,7 +107,9 @@ def read_tests(sample: dict, settings: CodeSettings) -> dict[str, Any]:
                     "setup": prompt, "prefix": prompt}
         if isinstance(place.get("test_list"), list) and place["test_list"]:
             setup = "\n".join([*map(str, place.get("test_imports") or []), str(place.get("test_setup_code") or "")])
-            return {"mode": "assert", "tests": [{"code": str(t)} for t in place["test_list"]], "setup": setup}
+            names = [str(place["entry_point"])] if place.get("entry_point") else []  # e.g. a builtin's name
+            return {"mode": "assert", "tests": [{"code": str(t)} for t in place["test_list"]], "setup": setup,
+                    "names": names}
     raise RewardError("code: the data row has no test cases; give {\"inputs\", \"outputs\"[, \"fn_name\"]} in "
                       "reward_model.ground_truth, or test + entry_point (HumanEval), or test_list (MBPP)")
 
@@ -198,7 +201,7 @@ def score_row(response: str, sample: dict, settings: CodeSettings
         program = with_prompt(program, tests["prefix"], tests["entry"])
     outcomes = run_tests(program, tests["mode"], tests["tests"], settings.limits, settings.sandbox, settings.python,
                          setup=tests.get("setup", ""), entry=tests.get("entry", ""), fn_name=tests.get("fn_name", ""),
-                         accounting=settings.limits_per, cgroup=settings.cgroup)
+                         names=tests.get("names", []), accounting=settings.limits_per, cgroup=settings.cgroup)
     kinds = verdicts(tests, outcomes, settings.compare)
     n = len(kinds)
     for kind in kinds:

@@ -101,11 +101,13 @@ def hierarchy(delegated: str = "") -> cgroups.Hierarchy:
 
 def run_tests(program: str, mode: str, tests: list[dict[str, Any]], limits: Limits = Limits(),
               isolation: str = "namespaces", python: str = "", setup: str = "", entry: str = "",
-              fn_name: str = "", accounting: str = "execution", cgroup: str = "") -> list[Outcome]:
+              fn_name: str = "", names: list[str] | tuple[str, ...] = (), accounting: str = "execution",
+              cgroup: str = "") -> list[Outcome]:
     """The outcome of each test case. mode "stdio": tests are {"stdin": text}; "call": {"args": [...]} with
     `fn_name` (a function of the program, or a method of its class Solution); "assert": {"code": test code}
     run by the checker after `setup` (trusted code: imports, a HumanEval prompt), then `check(<entry>)` when
-    `entry` is given. accounting "execution": CPU time, memory and processes of all the execution's processes
+    `entry` is given; the program supplies the names the test code reads that nothing else binds, the entry
+    point and `names` (jail/checker.py: program_names). accounting "execution": CPU time, memory and processes of all the execution's processes
     together in a cgroup (`cgroup`: a delegated cgroup v2 folder, "" automatic); "process": rlimits only."""
     if not tests:
         return []
@@ -113,6 +115,7 @@ def run_tests(program: str, mode: str, tests: list[dict[str, Any]], limits: Limi
     root = tempfile.mkdtemp(prefix="nanoverl-code-", dir=_launch_folder(isolation))
     spec = {"isolation": isolation, "python": exe, "binds": list(binds), "root": root, "parent": os.getpid(),
             "mode": mode, "program": program, "tests": tests, "setup": setup, "entry": entry, "fn_name": fn_name,
+            "names": list(names),
             "limits": attrs.asdict(limits), "boot": boot(), "seccomp": program_filter(isolation).hex()}
     deadline = len(tests) * (limits.wall_s + 0.5) + START_S
     with (hierarchy(cgroup).launch() if accounting == "execution" else contextlib.nullcontext()) as folders:

@@ -113,7 +113,7 @@ def check(spec: dict, test: dict, req: int, rsp: int, limit: int) -> dict:
     entry = spec.get("entry") or ""
     try:
         exec(compile(spec.get("setup") or "", "setup.py", "exec"), scope)
-        for name in program_names(test["code"], set(scope), entry):
+        for name in {*program_names(test["code"], set(scope), entry), *spec.get("names", [])}:
             scope[name] = proxy(name)
         exec(compile(test["code"], "test.py", "exec"), scope)
         if entry:
