@@ -197,6 +197,10 @@ def test_the_reward_scores_by_name_in_the_real_worker_pool_and_the_workers_survi
     ("reward.code.wall_s=0", "reward.code.wall_s"),
     ("reward.code.sandbox=docker", "reward.code.sandbox"),
     ("reward.code.scores=all", "reward.code.score"),
+    ("reward.code.limits_per=everything", "reward.code.limits_per"),
+    ("reward.code.cgroup=/sys/fs/cgroup/no-such-cgroup", "reward.code.limits_per"),   # a limit it cannot enforce
+    ("reward.code.processes=0", "reward.code.processes"),
+    ("reward.code.disk_mb=-1", "reward.code.disk_mb"),
 ])
 def test_a_bad_setting_exits_2_with_one_error_line_before_anything_starts(override, needle):
     proc = run_cli("--config", str(CONFIGS / "debug_reinforce.toml"), "--dry-run", "reward.name=code", override)

@@ -198,7 +198,8 @@ def _mounted(path: Path):
     return path
 
 
-PLACES = ["under /tmp", "a path with spaces", "under a mount point", "itself a mount point", "under /home"]
+PLACES = ["under /tmp", "a path with spaces", "under a mount point", "itself a mount point", "under /home",
+          "under /work"]
 
 
 @pytest.mark.parametrize("place", PLACES)
@@ -207,8 +208,10 @@ def test_a_venv_interpreter_anywhere_runs_programs(tmp_path, place):
     """`[reward.code] python` a venv's interpreter (its folders bound read-only), wherever the venv is: the
     program runs, sees its own sys.prefix, and has a writable /tmp of its own."""
     mounts = []
-    if place in ("under a mount point", "itself a mount point", "under /home") and not ROOT:
-        pytest.skip("mounts and /home need root")
+    if place in ("under a mount point", "itself a mount point", "under /home", "under /work") and not ROOT:
+        pytest.skip("mounts, /home and /work need root")
+    if place == "under /work" and not os.path.isdir("/work"):
+        pytest.skip("no /work on this machine")
     if place == "under /tmp":
         folder = tmp_path / "venv"
     elif place == "a path with spaces":
@@ -220,7 +223,7 @@ def test_a_venv_interpreter_anywhere_runs_programs(tmp_path, place):
         mounts.append(_mounted(tmp_path / "venv"))
         folder = mounts[-1]
     else:
-        folder = Path(f"/home/nanoverl-test-{os.getpid()}/venv")
+        folder = Path(f"/{place.split('/')[1]}/nanoverl-test-{os.getpid()}/venv")
     try:
         python = _venv(folder)
         row = {"ground_truth": {"inputs": [""], "outputs": [f"{folder}\nok"]}}
@@ -230,8 +233,21 @@ def test_a_venv_interpreter_anywhere_runs_programs(tmp_path, place):
     finally:
         for mount in mounts:
             subprocess.run(["umount", "-l", str(mount)], check=False)
-        if place == "under /home":
+        if place in ("under /home", "under /work"):
             shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def test_a_checkout_in_a_path_with_spaces_under_tmp_runs_the_jail(tmp_path):
+    """The launcher runs jail/__main__.py from wherever the plugin is installed or checked out."""
+    import nanoverl_code
+    checkout = tmp_path / "a checkout" / "src"
+    shutil.copytree(Path(nanoverl_code.__file__).parent, checkout / "nanoverl_code")
+    code = ("import nanoverl_code, sys; from nanoverl_code.sandbox import run_tests; "
+            "assert 'a checkout' in nanoverl_code.__file__; "
+            "print(run_tests('print(6 * 7)', 'stdio', [{'stdin': ''}])[0].stdout.decode(), end='')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(checkout)})
+    assert proc.returncode == 0 and proc.stdout == "42\n", proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("place", ["a path with spaces", "a mount point", "a folder only root can search"])
