@@ -158,6 +158,7 @@ class Case:
             self.fresh_tmp()
             self.work = "/tmp"
         else:
+            prctl(PR_SET_CHILD_SUBREAPER, 1)  # what the program left running comes back here to be reaped
             self.work = tempfile.mkdtemp(prefix="work-", dir=self.spec["root"])
             if self.root:
                 os.chown(self.work, self.uid, self.uid)
@@ -165,7 +166,6 @@ class Case:
             return self.run_test()
         finally:
             if self.cgroup is not None:
-                self.cgroup.kill()
                 self.cgroup.remove()
             if self.namespaces:
                 libc.umount2(b"/tmp", MNT_DETACH)
@@ -224,8 +224,9 @@ class Case:
             self.end([reaper, checker])
 
     def end(self, pids: list[int | None]) -> None:
-        """Every process of the test case gone: the reaper (in namespaces, with it the whole PID namespace;
-        with rlimits only its process group, which the program shares) and the checker."""
+        """Every process of the test case gone and reaped. In namespaces, killing the reaper (PID 1 of the
+        program's namespace) kills all of them. With rlimits: the reaper's process group (the program's), the
+        cgroup, or as root every process of the execution's uid; this process is their subreaper."""
         for pid in pids:
             if pid:
                 for kill in (os.kill, os.killpg):
@@ -233,17 +234,34 @@ class Case:
                         kill(pid, signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):
                         pass
-                os.waitpid(pid, 0)
-        if not self.namespaces and self.cgroup is None and self.root:
-            killer = os.fork()  # rlimits without a cgroup, as root: every process of the execution's uid
+        if self.namespaces:
+            for pid in pids:
+                try:
+                    if pid:
+                        os.waitpid(pid, 0)
+                except ChildProcessError:  # the checker, reaped already for its exit status
+                    pass
+            return
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        elif self.root:
+            killer = os.fork()
             if killer == 0:
                 try:
                     os.setresuid(self.uid, self.uid, self.uid)
-                    os.kill(-1, signal.SIGKILL)
+                    os.kill(-1, signal.SIGKILL)  # as the execution's uid: only its processes
                 except BaseException:
                     pass
                 os._exit(0)
-            os.waitpid(killer, 0)
+        everything_killed = self.cgroup is not None or self.root  # else one that left the group may live on
+        until = time.monotonic() + (60 if everything_killed else 0.2)
+        while time.monotonic() < until:
+            try:
+                pid, _ = os.waitpid(-1, 0 if everything_killed else os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                time.sleep(0.01)
 
     def watch(self, out_r: int, err_r: int, rsp_r: int | None, verdict_r: int | None, report_r: int,
               checker: int | None, start: float) -> dict:
@@ -318,7 +336,8 @@ class Case:
             if os.WIFSIGNALED(code) and os.WTERMSIG(code) in (signal.SIGXCPU, signal.SIGKILL):
                 return self.result("timeout", f"the tests ran over the CPU limit of {self.limits['cpu_s']} s",
                                    start, stderr)
-            return self.result("runtime_error", "the checker failed on what the program returned", start, stderr)
+            return self.result("runtime_error", f"the checker ended without a verdict (wait status {code})", start,
+                               stderr)
         if verdict.get("kind") != "gone":
             return self.result(str(verdict.get("kind")), str(verdict.get("detail", "")), start, stderr)
         # the program's process ended (or closed its pipes): its wait status tells how
