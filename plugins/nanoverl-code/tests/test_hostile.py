@@ -293,7 +293,7 @@ def test_os_exit_0_before_the_tests_run_fails():
     program = "import os\nos._exit(0)\ndef add(a, b):\n    return a + b"
     result = score(program, ADD_ROW)
     assert kinds(result) == ["runtime_error", "runtime_error"] and result[0]["score"] == 0.0
-    assert "before the tests ran" in result[2][0].detail
+    assert "before the tests ended" in result[2][0].detail
     assert kinds(score("import os\nos._exit(0)\nprint(5)")) == ["wrong_answer"]  # stdin/stdout: nothing printed
 
 

@@ -386,7 +386,7 @@ class Case:
         if code != 0:
             return self.result("runtime_error", f"exit status {code}: {tail[0]}", start, stderr)
         if gone:
-            return self.result("runtime_error", "the program exited before the tests ran", start, stderr)
+            return self.result("runtime_error", "the program exited before the tests ended", start, stderr)
         return self.result("ok", "", start, stderr)
 
     # ---- processes ----
