@@ -76,6 +76,24 @@ def test_each_test_case_and_each_row_starts_from_nothing_the_last_one_left():
         assert kinds(result) == ["pass"] * 3, [o.stdout for o in result[2]]
 
 
+@pytest.mark.usefixtures("no_leftovers")
+def test_threads_subprocesses_and_multiprocessing_work_under_the_filter():
+    """What the seccomp filter keeps: a program may use threads, subprocess and multiprocessing (its
+    semaphores in /dev/shm, which is its own /tmp)."""
+    program = """
+import multiprocessing, subprocess, threading
+if __name__ == "__main__":
+    out = []
+    t = threading.Thread(target=lambda: out.append(1))
+    t.start(); t.join()
+    out.append(int(subprocess.run(["/bin/echo", "2"], capture_output=True, text=True).stdout))
+    with multiprocessing.Pool(2) as pool:
+        out += pool.map(abs, [-3, -4])
+    print(sum(out) - 5)
+"""
+    assert kinds(score(program, processes=16, wall_s=10)) == ["pass"]
+
+
 def test_a_uid_that_holds_a_kernel_key_is_not_given_again():
     """The kernel keeps a uid's keyrings after all its processes are gone (programs cannot add keys: seccomp;
     this test adds one from outside): a launcher whose pid would derive that uid takes the next free one. It
