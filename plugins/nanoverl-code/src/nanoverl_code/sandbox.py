@@ -2,7 +2,7 @@
 
     outcomes = run_tests(program, "stdio", [{"stdin": "1 2\\n"}], Limits())
 
-Each call starts `python -I -S -B jail/__main__.py` (the launcher) in its own session with an empty environment and
+Each call starts `python -I -S jail/__main__.py` (the launcher) in its own session with an empty environment and
 no inherited file descriptors, hands it the spec on stdin (the program, the inputs, for assert tests the
 test code; never the expected stdout or return values, which stay here; the program's boot script, the
 seccomp filter, the cgroup folders) and reads one JSON line per test case back, parsed as untrusted data. A
@@ -150,7 +150,8 @@ def _launch_folder(isolation: str) -> str | None:
 
 def _launch(python: str, spec: dict, deadline: float) -> tuple[bytes, bytes, int | None, bool]:
     """The launcher, on the programs' own interpreter (the checker runs the tests on it too)."""
-    proc = subprocess.Popen([python, "-I", "-S", "-B", str(JAIL)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    # not -B: the jail's own bytecode is cached like any module's
+    proc = subprocess.Popen([python, "-I", "-S", str(JAIL)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={}, cwd=spec["root"], close_fds=True, start_new_session=True)
     timed_out = False
     try:

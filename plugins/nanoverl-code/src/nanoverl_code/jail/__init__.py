@@ -1,4 +1,4 @@
-"""The sandbox's own processes, standard library only: sandbox.py runs `python -I -S -B jail/__main__.py`.
+"""The sandbox's own processes, standard library only: sandbox.py runs `python -I -S jail/__main__.py`.
 
 One launch scores one program against the test cases of one row. Reading a spec (JSON) from stdin:
 

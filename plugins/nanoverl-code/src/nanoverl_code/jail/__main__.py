@@ -1,4 +1,4 @@
-"""`python -I -S -B <this file>`: the launcher (launcher.py), with the jail's own modules importable.
+"""`python -I -S <this file>`: the launcher (launcher.py), with the jail's own modules importable.
 
 -I leaves the script's folder off sys.path; the folder above this one goes at its end, so the standard
 library always wins and `jail` (standard library only, like its siblings here) is importable.

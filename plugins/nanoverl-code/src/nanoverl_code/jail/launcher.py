@@ -12,11 +12,9 @@ import json
 import os
 import resource
 import select
-import shutil
 import signal
 import struct
 import sys
-import tempfile
 import time
 
 from .checker import check
@@ -158,6 +156,7 @@ class Case:
             self.fresh_tmp()
             self.work = "/tmp"
         else:
+            import tempfile  # with rlimits only: the launcher's imports stay few
             prctl(PR_SET_CHILD_SUBREAPER, 1)  # what the program left running comes back here to be reaped
             self.work = tempfile.mkdtemp(prefix="work-", dir=self.spec["root"])
             if self.root:
@@ -170,6 +169,7 @@ class Case:
             if self.namespaces:
                 libc.umount2(b"/tmp", MNT_DETACH)
             else:
+                import shutil
                 shutil.rmtree(self.work, ignore_errors=True)
 
     def fresh_tmp(self) -> None:
