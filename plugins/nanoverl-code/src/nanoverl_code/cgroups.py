@@ -160,7 +160,7 @@ def find(delegated: str = "") -> Hierarchy:
     except OSError as exc:
         raise SandboxUnavailable(f"cgroups cannot be read here ({exc})") from None
     if delegated:
-        return _delegated(delegated, mounts)
+        return _delegated(delegated, mounts, own)
     v1 = {}
     for point, root, fstype, options in mounts:
         for controller in V1_CONTROLLERS:
@@ -200,13 +200,26 @@ def find(delegated: str = "") -> Hierarchy:
     return Hierarchy(2, ((base, V2_CONTROLLERS),))
 
 
-def _delegated(folder: str, mounts: list) -> Hierarchy:
-    if not any(fstype == "cgroup2" and (folder + "/").startswith(point.rstrip("/") + "/")
-               for point, _, fstype, _ in mounts):
+def _delegated(folder: str, mounts: list, own: dict[str, str]) -> Hierarchy:
+    mount = next(((point, root) for point, root, fstype, _ in mounts
+                  if fstype == "cgroup2" and (folder + "/").startswith(point.rstrip("/") + "/")), None)
+    if mount is None:
         raise SandboxUnavailable(f"[reward.code] cgroup = {folder!r} is not a folder of a cgroup2 mount "
                                  "(a delegated cgroup v2, e.g. under /sys/fs/cgroup)")
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise SandboxUnavailable(f"[reward.code] cgroup = {folder!r} is not a folder you can write")
+    parent = os.path.dirname(os.path.normpath(folder))
+    if not set(V2_CONTROLLERS) <= _controllers(folder):
+        raise SandboxUnavailable(f"[reward.code] cgroup = {folder!r} has no memory and pids controllers: enable "
+                                 f"them in {parent}/cgroup.subtree_control (\"+memory +pids\"; {parent} must hold "
+                                 "no process itself)")
+    if "" in own:  # the kernel moves a process only for who can write cgroup.procs where the two cgroups meet
+        meet = os.path.commonpath([_inside(*mount, own[""]), os.path.normpath(folder)])
+        if not os.access(os.path.join(meet, "cgroup.procs"), os.W_OK):
+            raise SandboxUnavailable(f"[reward.code] cgroup = {folder!r}: this process's cgroup "
+                                     f"({_inside(*mount, own[''])}) meets it at {meet}, which is not delegated to "
+                                     "you, so the executions cannot be moved into it; run nanoverl in a cgroup "
+                                     "inside the same delegated subtree (docs/code.md)")
     try:
         _enable(folder)
     except OSError as exc:

@@ -446,7 +446,11 @@ class Case:
             return pid
         try:
             if self.cgroup is not None:
-                self.cgroup.join()
+                try:
+                    self.cgroup.join()
+                except OSError as exc:  # on the program's stderr, so that the outcome's detail says it
+                    os.write(fds[2], f"cannot join the test case's cgroup: {exc}".encode())
+                    os._exit(EXIT_EXEC)
                 if self.namespaces:
                     unshare(CLONE_NEWCGROUP)  # its /proc/self/cgroup shows its own cgroup as the root
             high = {target: _high(fd) for target, fd in fds.items()}
