@@ -117,6 +117,28 @@ def test_update_takes_keep_log_probs_and_a_nonfinite_loss_raises_without_steppin
     assert all(torch.equal(before[k], v) for k, v in workers.actor.full_tensors()), "a non-finite update stepped"
 
 
+def test_an_on_policy_update_returns_its_log_probs_and_the_0_2_side_channel_still_works_with_a_warning():
+    """on_policy_update returns pi_old with the metrics; 0.2.0's update(..., keep_log_probs=True), which kept
+    them in `update_log_probs`, still does for one minor version, with one deprecation warning."""
+    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.errors import NanoverlDeprecation
+
+    config, workers = _debug_workers()
+    batch = _rollout_batch(config, workers)
+    batch["loss_mask"], batch["advantages"] = batch["response_mask"].clone(), batch["response_mask"].clone()
+    before = workers.actor.compute_log_probs(batch)
+    state = {k: v.clone() for k, v in workers.actor.module.state_dict().items()}
+    optimizer = workers.actor.optimizer.state_dict()
+    metrics, kept = workers.actor.on_policy_update(batch, vanilla)
+    torch.testing.assert_close(kept, before, rtol=1e-5, atol=1e-6)
+    assert set(metrics) >= {"actor/pg_loss", "actor/grad_norm"}
+    workers.actor.module.load_state_dict(state)
+    workers.actor.optimizer.load_state_dict(optimizer)
+    with pytest.warns(NanoverlDeprecation, match="on_policy_update"):
+        old_metrics = workers.actor.update(batch, vanilla, on_policy=True, keep_log_probs=True)
+    assert torch.equal(workers.actor.update_log_probs, kept) and old_metrics.keys() == metrics.keys()
+
+
 def test_a_schedule_built_before_total_steps_is_known_reads_it_when_it_is_final():
     from nanoverl_core.config import load_config
     from nanoverl_core.workers.ppo import build_scheduler
