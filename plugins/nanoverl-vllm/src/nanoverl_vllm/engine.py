@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from nanoverl_core import ConfigError
-from nanoverl_core.config import Config
+from nanoverl_core.config import Config, settings_or_defaults
 
 from . import SUPPORTED_VLLM
 from .settings import VLLMSettings
@@ -172,7 +172,7 @@ def engine_kwargs(config: Config, folder: Path, hf_config, *, load_format: str, 
     vLLM's LoRA for one adapter of that rank ([rollout.vllm] lora_sync = "adapter")."""
     max_model_len = config.data.max_prompt_length + config.rollout.max_new_tokens
     _check_model(config, hf_config, max_model_len)
-    settings = config.rollout.settings or VLLMSettings()
+    settings = settings_or_defaults(config.rollout.settings, VLLMSettings)
     kwargs: dict[str, Any] = dict(
         model=str(folder), load_format=load_format,
         skip_tokenizer_init=True,                     # prompts are token ids; responses stay token ids
