@@ -138,7 +138,7 @@ def update_actor(spec: dict, chunk: int):
 
 
 def one_update(actor, batch) -> None:
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
 
     actor.update(batch, vanilla, on_policy=True)     # one mini-batch, one epoch: the trainer's on-policy update
 

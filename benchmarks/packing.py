@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     from nanoverl_hf.workers import make_workers
 
     tmp = tmpdir("packing")

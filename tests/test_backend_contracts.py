@@ -67,7 +67,7 @@ def _rollout_batch(config, workers, rows: int = 8):
 
 
 def test_check_actor_recipe_as_written_passes_for_the_debug_actor():
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     from nanoverl_core.testing import check_actor
 
     config, workers = _debug_workers()
@@ -101,7 +101,7 @@ def test_the_normalisers_make_the_loss_independent_of_the_micro_batch_size():
 
 
 def test_update_takes_keep_log_probs_and_a_nonfinite_loss_raises_without_stepping():
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     from nanoverl_core.errors import NonFiniteError
     from nanoverl_core.protocols import Actor
 
@@ -120,7 +120,7 @@ def test_update_takes_keep_log_probs_and_a_nonfinite_loss_raises_without_steppin
 def test_an_on_policy_update_returns_its_log_probs_and_the_0_2_side_channel_still_works_with_a_warning():
     """on_policy_update returns pi_old with the metrics; 0.2.0's update(..., keep_log_probs=True), which kept
     them in `update_log_probs`, still does for one minor version, with one deprecation warning."""
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     from nanoverl_core.errors import NanoverlDeprecation
 
     config, workers = _debug_workers()

@@ -229,7 +229,7 @@ def _batch(tokenizer):
 
 def _one_update(workers):
     """The batch with old / reference log-probs, the update's metrics, its gradients, the parameters after it."""
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
 
     actor, grads = workers.actor, {}
     batch = _batch(workers.tokenizer)

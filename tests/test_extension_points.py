@@ -13,7 +13,7 @@ import torch
 from conftest import EXAMPLES, ROOT, assert_user_error, replay_steps, run_cli
 from nanoverl_core import RLBatch, load_config, load_registry
 from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.builtins.debug import make_rollout, make_workers
 from nanoverl_core.builtins.debug_settings import DebugModelSettings, DebugRolloutSettings
 from nanoverl_core.errors import ConfigError

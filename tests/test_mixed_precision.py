@@ -134,7 +134,7 @@ def _batch(tokenizer):
 
 def _passes(workers):
     """Log-probs, values, the parameters before and after one actor and one critic update, the AdamW state."""
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
 
     actor, critic = workers.actor, workers.critic
     batch = _batch(workers.tokenizer)
@@ -247,7 +247,7 @@ def test_each_weight_is_cast_once_per_pass_not_once_per_micro_batch(tmp_path):
         assert casts.count == len(matmul_weights) * (1 if once else 4), casts.count
         batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)
         batch["values"] = workers.critic.compute_values(batch)
-        from nanoverl_core.algos.losses import vanilla
+        from nanoverl_core.algos import vanilla
         assert [len(micro) for micro, _ in workers.actor.minibatches(batch)] == [2, 2]
         with WeightCasts(matmul_weights) as casts:
             workers.actor.update(batch, vanilla)

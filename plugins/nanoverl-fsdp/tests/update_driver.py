@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from nanoverl_core import RLBatch, load_config, load_registry
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.dist import close_distributed
 
 ROWS_PER_PROMPT = 4

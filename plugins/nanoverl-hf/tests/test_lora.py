@@ -41,7 +41,7 @@ def advantage_batch(workers, seed: int = 0):
 
 
 def update(workers, steps: int = 3) -> None:
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     for step in range(steps):
         workers.actor.update(advantage_batch(workers, step), vanilla)
 

@@ -12,7 +12,7 @@ import torch
 from conftest import prompt_batch, with_responses
 
 from nanoverl_core import ConfigError
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.testing import with_loss_mask
 from nanoverl_core.workers.packing import LINES, ONE_LINE, ROWS, pack_rows, packing_layout, row_attention
 from nanoverl_hf.workers import make_workers

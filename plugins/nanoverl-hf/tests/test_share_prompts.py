@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import prompt_batch, with_responses
 
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.testing import assert_same_adam_step, with_loss_mask
 from nanoverl_hf.workers import make_workers
 
