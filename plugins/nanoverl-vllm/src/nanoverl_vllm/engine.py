@@ -253,8 +253,10 @@ def start_engine(kwargs: dict[str, Any]) -> LLM:
             raise
         raise ConfigError(f"the vLLM engine cannot get memory for its KV cache ({_first_sentence(exc)}); "
                           "free memory used by other processes, lower data.max_prompt_length + "
-                          "rollout.max_new_tokens, or size the cache: VLLM_CPU_KVCACHE_SPACE=<GiB> on CPU (unset: "
-                          "sized to the largest generate call), rollout.vllm.gpu_memory_utilization on GPU") from None
+                          "rollout.max_new_tokens, or size the cache: on CPU rollout.vllm.max_num_seqs (the cache "
+                          "holds that many sequences of full length; 0: one training generate call's rows, at "
+                          "least 64) or VLLM_CPU_KVCACHE_SPACE=<GiB>, on GPU rollout.vllm.gpu_memory_utilization"
+                          ) from None
     finally:
         torch.set_num_threads = set_num_threads
         random.setstate(py_state)
