@@ -219,7 +219,7 @@ def _check_on_policy_update(actor: Actor, batch: RLBatch, policy_loss: PolicyLos
     assert isinstance(metrics, dict) and all(isinstance(v, float) for v in metrics.values()), \
         "on_policy_update must return the update's metrics (name -> float) first"
     assert torch.is_tensor(kept) and kept.shape == before.shape and not kept.requires_grad and \
-        kept.device.type == "cpu", "on_policy_update must return the (B, R) log-probs of its forward, detached, on the CPU"
+        kept.device.type == "cpu", "on_policy_update must return its forward's (B, R) log-probs, detached, on the CPU"
     torch.testing.assert_close(kept, before, rtol=1e-5, atol=1e-5,
                                msg="on_policy_update's log-probs must equal compute_log_probs before it (pi_old)")
 

@@ -14,8 +14,9 @@ baseline (ReMax) gets one greedy response per prompt of the kept groups, scored 
 Each stage is one named call, timed into ``timing/<stage>``, that takes what it needs and returns what it
 adds to the batch; the step assigns it. What the rollout reports (``response_mask``, an episode's
 ``model_mask``) never changes; ``loss_mask`` (what the update counts) is derived at 4b and narrowed by
-rollout correction (6b, each column: nanoverl_core/batch.py). Everything the step needs is resolved from the registry before the
-first model loads, and which optional passes it runs is decided then too (`plan.py`, printed by --dry-run).
+rollout correction (6b; each column: nanoverl_core/batch.py). Everything the step needs is resolved from
+the registry before the first model loads, and which optional passes it runs is decided then too
+(`plan.py`, printed by --dry-run).
 """
 
 from __future__ import annotations
@@ -167,8 +168,7 @@ class Trainer:
                       f"{metrics['filter/rounds']:.0f} rounds; no update", file=sys.stderr)
                 return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
             if plan.greedy_baseline:                                            # 4c. ReMax's baseline
-                metrics.update(added(batch, greedy_baseline(batch, self.rollout, self.reward, self.tokenizer,
-                                                            self.sampling(), self.config.trainer.seed, self.step, timing)))
+                metrics.update(added(batch, self.greedy_baseline(batch, timing)))
             with timed(timing, "old_log_probs"):                                # 5. (~0 s on-policy: the
                 batch.update(self.old_log_probs(batch, plan))                   #    update's own forward)
             if plan.reference:
@@ -254,6 +254,11 @@ class Trainer:
         return kept, {**rollout_metrics(generated), **merge_reward_metrics(round_metrics, generated["score"]),
                       "rollout/filtered_groups": float(dropped), "filter/rounds": float(len(rounds)),
                       "filter/kept_groups": float(kept_groups), "filter/batch_full": float(kept_groups == size)}
+
+    def greedy_baseline(self, batch: RLBatch, timing: dict[str, float]) -> tuple[RLBatch, dict[str, float]]:
+        """Step 4c: reward_baselines (B,), each prompt's greedy response scored (baseline.py), and remax/ metrics."""
+        return greedy_baseline(batch, self.rollout, self.reward, self.tokenizer, self.sampling(),
+                               self.config.trainer.seed, self.step, timing)
 
     def next_batch(self) -> RLBatch:
         return self.loader.next_batch(self.tokenizer.pad_token_id)

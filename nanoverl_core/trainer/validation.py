@@ -81,8 +81,8 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             bests += per_prompt.max(1).values.tolist()
             for source, score in zip(batch["data_source"], scores.tolist()):
                 by_source[source].append(score)
-            samples += _sample_rows(batch, texts, scores, len(batch) if keep < 0 else min(keep - len(samples), len(batch)),
-                                    every=keep < 0)
+            count = len(batch) if keep < 0 else min(keep - len(samples), len(batch))
+            samples += _sample_rows(batch, texts, scores, count, every=keep < 0)
             if progress is not None:
                 progress(len(indices))
     metrics = {"reward/mean": sum(means) / len(means), f"reward/best@{n}": sum(bests) / len(bests), **failures}

@@ -11,7 +11,8 @@ pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
 
-LENGTH = "def compute_score(prompt, response, sample):\n    return {'score': len(response) / 4, 'chars': float(len(response))}\n"
+LENGTH = ("def compute_score(prompt, response, sample):\n"
+          "    return {'score': len(response) / 4, 'chars': float(len(response))}\n")
 
 
 def test_each_reward_component_and_its_extra_keys_are_metrics_in_the_store(tmp_path):
