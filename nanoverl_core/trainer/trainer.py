@@ -282,10 +282,10 @@ class Trainer:
                                                    row_seeds=not params.greedy, pad_token_id=self.tokenizer.pad_token_id,
                                                    seed=seed), self.config.rollout.name)
 
-    def sampling(self, validation: bool = False) -> SamplingParams:
+    def sampling(self) -> SamplingParams:
+        """How the training rollout samples (rollout.*; validation's are rollout.val_*: validation.py)."""
         r = self.config.rollout
-        return SamplingParams(max_new_tokens=r.max_new_tokens, top_p=r.top_p, top_k=r.top_k,
-                              temperature=r.val_temperature if validation else r.temperature)
+        return SamplingParams(max_new_tokens=r.max_new_tokens, top_p=r.top_p, top_k=r.top_k, temperature=r.temperature)
 
     def score(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
         """response_text, score (B,) and token_level_scores (B, R), each score on its row's last response
