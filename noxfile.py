@@ -27,7 +27,7 @@ DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors",
              "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "matplotlib>=3.7", "mlflow>=2.16", "pytest>=8",
              "pytest-timeout", "pytest-xdist>=3.5", "hypothesis>=6.100", "playwright>=1.40", "setuptools>=68", "wheel"]
 PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math", "code", "reasoning-gym",
-                                                         "tensorboard", "wandb")}
+                                                         "mlflow", "tensorboard", "wandb")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "TOKENIZERS_PARALLELISM": "false"}
 """OMP_NUM_THREADS: the caller's, else 1 (torch's intra-op threads; the suite passes with 1 or 2, which round
@@ -66,7 +66,7 @@ def _pytest(session: nox.Session, *args: str) -> None:
 
 @nox.session(python="3.11")
 def core(session):
-    """The core alone: config, plugins, CLI, trainer, math, MLflow, reliability on the debug backends."""
+    """The core alone: config, plugins, CLI, trainer, math, reliability on the debug backends."""
     _setup(session)
     # spread over the cores, then the tests that race a deadline on their own (conftest.SERIAL)
     workers = str(min(os.cpu_count() or 1, 2))
@@ -129,6 +129,17 @@ def code(session):
     _pytest(session, "plugins/nanoverl-code/tests")
     _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [reward.code]'s keys and
                                                                  # [data.code_tasks]'s
+
+
+@nox.session(python="3.11")
+def mlflow(session):
+    """nanoverl-mlflow: a run logged to real MLflow stores (file, sqlite, a server), read back with MlflowClient
+    after a SIGKILL and resume; bad stores exit 2; the run's page in the MLflow UI (headless Chromium).
+
+    mlflow itself is one of the shared dependencies (the core's tests use none of it); the session installs the
+    plugin, so no other session has the tracker."""
+    _setup(session, "mlflow")
+    _pytest(session, "plugins/nanoverl-mlflow/tests")
 
 
 TENSORBOARD_DEPS = ["tensorboard>=2.14"]

@@ -138,7 +138,7 @@ def update_actor(spec: dict, chunk: int):
 
 
 def one_update(actor, batch) -> None:
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
 
     actor.update(batch, vanilla, on_policy=True)     # one mini-batch, one epoch: the trainer's on-policy update
 
@@ -169,7 +169,7 @@ def run_update(spec: dict) -> dict:
     wall, cpu = since(start)
     groups = actor.micro_batches(batch)
     out = {"benchmark": "memory_update", **spec, "vocab_size": actor.module.config.vocab_size,
-           "chunked_head": actor.chunked_head is not None, "micro_batches": len(groups),
+           "chunked_head": actor.forward_pass.head is not None, "micro_batches": len(groups),
            "rows_per_micro_batch": max(map(len, groups)), "rss_before_update_mb": round(before, 1),
            "update_peak_rss_mb": round(sampler.peak, 1), "update_extra_mb": round(sampler.peak - before, 1),
            "update_wall_s": round(wall, 2), "update_cpu_s": round(cpu, 2)}
@@ -219,7 +219,7 @@ def time_updates(spec: dict) -> dict:
     times: dict[str, list] = {"chunked": [], "plain": []}
     for repeat in range(spec["repeats"] + 1):                  # the first round is the warm-up
         for name, head in heads.items():
-            actor.chunked_head = head
+            actor.forward_pass.head = head
             start = now()
             one_update(actor, batch)
             if repeat:

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     from nanoverl_hf.workers import make_workers
 
     tmp = tmpdir("packing")
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
                                               f"trainer.num_threads={args.threads}"])
         torch.manual_seed(0)
         actors[name] = make_workers(cfg).actor
-    actors["lines"].packing = LINES               # the layout of eager and checkpointed models, for contrast
+    actors["lines"].forward_pass.packing = LINES   # the layout of eager and checkpointed models, for contrast
     tokenizer = make_workers(cfg).tokenizer
     batch = mixed_batch(tokenizer, args.prompts, args.n, args.min_len, args.max_len)
     real, padded = padded_tokens(actors["padded"], batch)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         return abs(a - b) / max(abs(a), 1e-12)
 
     out = {"benchmark": "packing", "model": args.model, "rows": rows, "micro_batch_rows": micro,
-           "response_lengths": [args.min_len, args.max_len], "layout": actors["packed"].packing,
+           "response_lengths": [args.min_len, args.max_len], "layout": actors["packed"].forward_pass.packing,
            "real_tokens": real, "padded_tokens": padded,
            "padding_fraction": round(1 - real / padded, 3),
            "update_tokens": tokens, "token_bound": round(tokens["padded"] / tokens["packed"], 2),

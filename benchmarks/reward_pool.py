@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import load_average  # noqa: E402
+from nanoverl_core.testing import score_texts  # noqa: E402
 
 SLEEP = "import time\n\ndef compute_score(prompt, response, sample):\n    time.sleep({seconds})\n    return 1.0\n"
 BUSY = ("import time\n\ndef compute_score(prompt, response, sample):\n    end = time.perf_counter() + {seconds}\n"
@@ -49,7 +50,7 @@ def measure(reward_file: Path, rows: int, workers: int, steps: int) -> dict:
     try:
         for _ in range(steps):
             start = time.perf_counter()
-            scores, metrics = scorer.score(batch, texts)
+            scores, metrics = score_texts(scorer, batch, texts)
             times.append(time.perf_counter() - start)
             assert scores.sum().item() == rows and metrics["reward/errors"] == 0
     finally:

@@ -113,7 +113,7 @@ def run_one(spec: dict) -> dict:
     """Child process: build the model, run the trainer, return the workload's figures."""
     import torch
 
-    from nanoverl_core.workers.ppo import autocast_dtype
+    from nanoverl_core.workers.precision import autocast_dtype
 
     work = tmpdir(f"breakdown-{spec['name']}")
     extra = [*spec["extra"], f"trainer.device={spec['device']}", f"trainer.num_threads={spec['threads']}"]
@@ -158,7 +158,7 @@ def run_one(spec: dict) -> dict:
         flops = flops_of(tokens)
         # shared prompts: the batch's distinct prompts (all but their last token) once, every row from there
         executed = flops_of(spec["batch"] * (prompt / samples - 1) + samples + response
-                            if trainer.workers.actor.cache_keyword is not None else tokens)
+                            if trainer.workers.actor.forward_pass.cache_keyword is not None else tokens)
         gemm_dtype = autocast_dtype(config.model) or config.model.dtype     # "auto" is resolved by now
         gemm = gemm_gflops(dtype=gemm_dtype)
         out.update({"prompt_length_mean": round(prompt / samples, 2), "gemm_gflops_per_s": round(gemm, 1),

@@ -74,7 +74,7 @@ def test_step_breakdown_set_overrides_every_workload():
 
 
 def test_step_breakdown_states_the_update_against_the_gemm_rate_of_its_own_precision():
-    from nanoverl_core.workers.ppo import cpu_has_fast
+    from nanoverl_core.workers.precision import cpu_has_fast
 
     if not cpu_has_fast("bfloat16"):           # its bf16 GEMM probe would take many minutes on an emulating CPU
         pytest.skip("this CPU has no bf16 matmul instructions")
@@ -92,7 +92,7 @@ def test_attention_probe_times_each_precision_forward_and_backward():
 
 
 def test_gemm_probe_reports_the_square_and_the_model_shapes_in_each_dtype():
-    from nanoverl_core.workers.ppo import cpu_has_fast
+    from nanoverl_core.workers.precision import cpu_has_fast
 
     # a CPU without bf16 matmul instructions emulates them: its bf16 rows take over 8 minutes here
     dtypes = ["float32", "bfloat16"] if cpu_has_fast("bfloat16") else ["float32"]

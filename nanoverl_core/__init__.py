@@ -20,8 +20,9 @@ Public modules, the only ones a plugin imports (tests/test_layout.py holds every
     nanoverl_core.rollout     SamplingParams, responses_to_batch, stop ids, per-row seeds
     nanoverl_core.testing     contract checks for a new backend
     nanoverl_core.workers     TorchActor / TorchCritic (the PPO mechanics), the strategies they are composed
-                              of (DataParallel, Weights; SingleProcess, FullWeights), and through the
-                              package's names its prompt KV sharing, LM-head chunking and checkpoint I/O
+                              of (DataParallel, Weights; SingleProcess, FullWeights), the ForwardPass a
+                              micro-batch reaches the model through, and through the package's names its
+                              prompt KV sharing, LM-head chunking, autocast and checkpoint I/O
 
 The trainer (`nanoverl_core.trainer`), the CLI and the built-ins are the core's own.
 """

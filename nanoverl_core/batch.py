@@ -21,16 +21,35 @@ Tensor keys used by the trainer (B = rows, P = prompt length, R = response lengt
                                       (`derive_loss_mask`: model_tokens less truncated rows with
                                       algorithm.mask_truncated), narrowed after by rollout-correction
                                       rejection
+    rollout_log_probs  (B, R) float   log pi_rollout(response token) as the engine reports it (a rollout
+                                      with `returns_log_probs`), for rollout correction and its metrics
+    sample_seed        (B,)   int64   under torchrun, each sampled row's seed, the same on any number of
+                                      ranks (dist.shard_rollout): an engine that seeds each request uses it
+    episode_key        (B,)   int64   in each turn's batch of a multi-turn episode, one value per episode
+                                      (an engine's `turn_cache` keeps each key's KV cache between turns)
+    score              (B,)   float   the row's sequence score, the reward stage's (an episode's with its
+                                      environment's rewards)
+    token_level_scores (B, R) float   the reward score on the last valid response token
+    component_scores   (B, K) float   with [[reward.components]]: each component's own score, before its
+    component_weights  (B, K) float   weight, and the weight (the same on every row)
+    reward_baselines   (B,)   float   the score of one greedy response to the row's prompt (stage 4c, ReMax)
     old_log_probs      (B, R) float   log pi_old(response token) under the policy before the update
+    sum_pi_squared     (B, R) float   sum over the vocabulary of pi_old^2 (an estimator that asks for it)
     ref_log_probs      (B, R) float   the same under the reference policy
     values             (B, R) float   critic values
-    token_level_scores (B, R) float   the reward score on the last valid response token
+    rollout_is_weights (B, R) float   rollout correction's importance weights (stage 6b), multiplied into
+                                      the policy loss
     token_level_rewards(B, R) float   scores minus the in-reward KL penalty, if any
     advantages, returns(B, R) float   estimator output, zero on padding
 
+Non-tensor columns, one Python object per row: `uid` (rows of one prompt share it), `prompt_text`, `row`
+(the dataset row: ground truth and any extra field), `index` (its position in its split), `data_source`,
+and after the reward stage `response_text`.
+
 A multi-turn rollout adds its episodes' columns (`num_turns`, `turn_rewards`, ...: nanoverl_core.env.episode
-lists them); `is_episodes` is the one place that tells the two kinds of batch apart. This docstring is the one description of
-each field: the protocols, the rollout helpers and the docs link here.
+lists them); `is_episodes` is the one place that tells the two kinds of batch apart. This docstring is the one
+description of each field (tests/test_contracts.py holds the protocols' docstrings to it): the protocols, the
+rollout helpers and the docs link here.
 """
 
 from __future__ import annotations

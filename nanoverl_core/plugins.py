@@ -53,10 +53,9 @@ def install_hint(extra: str) -> str:
     if not (root / "pyproject.toml").is_file() or not (root / "plugins").is_dir():
         return index
     plugin, _, extras = {"lora": "nanoverl-hf[lora]"}.get(extra, f"nanoverl-{extra}").partition("[")
-    if (root / "plugins" / plugin).is_dir():
-        local = _shown(root / "plugins" / plugin) + (f"[{extras}" if extras else "")
-    else:  # an extra of the core itself (mlflow)
-        local = f"{_shown(root)}[{extra}]"
+    if not (root / "plugins" / plugin).is_dir():
+        return index
+    local = _shown(root / "plugins" / plugin) + (f"[{extras}" if extras else "")
     return f'{index}, or from this checkout: pip install -e "{local}"'
 
 

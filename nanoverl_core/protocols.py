@@ -50,10 +50,11 @@ class Actor(Protocol):
       * ``compute_log_probs_and_sum_pi_squared``: ``(batch) -> (log_probs, sum_pi_squared)``, both (B, R)
         as `compute_log_probs`, the second the sum over the vocabulary of pi^2 at each response token;
         an estimator with ``requires_sum_pi_squared`` needs it (`TorchActor` has it).
-      * ``update_log_probs``: after ``update(..., on_policy=True, keep_log_probs=True)``, the (B, R)
-        log-probs that update's forward computed (detached, on the CPU, 0 on padding, every rank's rows):
-        pi_old of that step, what `compute_log_probs` would have returned before it. With it the trainer
-        takes the rollout-mismatch metrics from the update instead of a separate pass (`TorchActor` has it).
+      * ``on_policy_update``: ``on_policy_update(batch, policy_loss) -> (metrics, log_probs)``: what
+        ``update(batch, policy_loss, on_policy=True)`` does, returning with its metrics the (B, R) log-probs
+        that update's forward computed (detached, on the CPU, 0 on padding, every rank's rows): pi_old of
+        that step, what `compute_log_probs` would have returned before it. With it the trainer takes the
+        rollout-mismatch metrics' pi_old from the update instead of a separate pass (`TorchActor` has it).
     """
 
     module: torch.nn.Module
@@ -77,9 +78,9 @@ class Actor(Protocol):
         gradient of one whole-mini-batch pass. Do not divide again by the number of micro-batches or ranks
         (under data parallelism, sum the gradients across ranks: the normalisers are already global).
 
-        ``keep_log_probs``: passed (true) only with ``on_policy=True``, when rollout correction takes its
-        metrics from the update's forward; keep that forward's (B, R) log-probs as ``update_log_probs``
-        (see Optional attributes). An actor without ``update_log_probs`` accepts the keyword and ignores it.
+        ``keep_log_probs``: deprecated since 0.3.0, and the trainer no longer passes it: an on-policy update's
+        log-probs come back from ``on_policy_update`` (see Optional attributes). Accept the keyword and
+        ignore it; it leaves the protocol in 0.4.0.
 
         Non-finite values: a loss or gradient norm that is NaN or inf must not reach the weights. Zero the
         gradients, do not step the optimizer (nor the LR schedule), and raise
@@ -160,9 +161,10 @@ class Rollout(Protocol):
         `prompt_mask` left-padded (B, P)), rows in the same order: `responses` and `response_mask`
         (B, R) right-padded, the mask covering tokens up to and including the stop token; `truncated`
         (B,) bool, True for a row that ended without a stop token (cut at max_new_tokens or by the
-        engine); optionally `rollout_log_probs` (B, R), and `loss_mask` (B, R) when some response tokens
-        are not the model's (tool or environment tokens: 0 there; the trainer trains on its 1s). Build them with
-        `nanoverl_core.responses_to_batch`. Sampling seeds come from torch's global generator; a
+        engine); optionally `rollout_log_probs` (B, R), and `model_mask` (B, R) when some response tokens
+        are not the model's (tool or environment tokens: 0 there); never `loss_mask`, which the trainer alone
+        derives (a rollout that returns one stops with one line). Each column: nanoverl_core.batch. Build
+        them with `nanoverl_core.responses_to_batch`. Sampling seeds come from torch's global generator; a
         greedy call draws nothing from it. Under torchrun a sampled batch also holds `sample_seed`
         (B,) int64, the same for a row on any number of ranks (`dist.shard_rollout`); an
         engine that seeds each request should use it."""

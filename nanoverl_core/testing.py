@@ -4,6 +4,7 @@
     from nanoverl_core.testing import assert_same_adam_step        # two updates that should agree
     from nanoverl_core.testing import with_loss_mask               # a hand-built batch's loss_mask
     from nanoverl_core.testing import assert_user_error            # the CLI's error contract
+    from nanoverl_core.testing import score_texts                  # a reward's scores of plain texts
 
     batch = prompt_batch(workers.tokenizer, ["12=", "345="], n=2)
     batch.update(check_rollout(rollout, batch, max_new_tokens=4))    # returns one sampled output
@@ -59,6 +60,34 @@ def with_loss_mask(batch: RLBatch, mask_truncated: bool = False) -> RLBatch:
     batch by hand cannot drift from a run."""
     batch["loss_mask"] = derive_loss_mask(batch, mask_truncated)
     return batch
+
+
+class ByteTokenizer:
+    """Text as its UTF-8 bytes, one token each (ids 1-256; 0 pads): what `score_texts` decodes responses with."""
+
+    pad_token_id = eos_token_id = 0
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [b + 1 for b in text.encode()]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(i - 1 for i in ids if i).decode()
+
+
+def score_texts(scorer, batch: RLBatch, texts: list[str], *, phase: str = "train",
+                step: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scores (B,) and metrics of `texts` as the responses to `batch`'s rows (which hold what a reward reads:
+    prompt_text, row, index and data_source), through the one entry point the trainer scores with,
+    `RewardScorer.score_batch` (the texts as `ByteTokenizer` responses)."""
+    tokens = [ByteTokenizer().encode(text) for text in texts]
+    width = max([len(t) for t in tokens] + [1])
+    responses = torch.zeros((len(texts), width), dtype=torch.long)
+    for row, ids in enumerate(tokens):
+        responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    rows = RLBatch({**batch.tensors, "responses": responses, "response_mask": (responses > 0).long()},
+                   batch.non_tensors)
+    scored, metrics = scorer.score_batch(rows, ByteTokenizer(), step, phase=phase)
+    return scored["score"], metrics
 
 
 def _check_outputs(out: RLBatch, rows: int, max_new_tokens: int) -> None:
@@ -165,16 +194,16 @@ def check_actor(actor: Actor, batch: RLBatch, *, update: bool = True,
     if not update:
         return None
     metrics = _check_update(actor, batch, log_probs, policy_loss)
-    if hasattr(actor, "update_log_probs"):
-        _check_update_log_probs(actor, batch, policy_loss)
+    if hasattr(actor, "on_policy_update"):
+        _check_on_policy_update(actor, batch, policy_loss)
     return metrics
 
 
-def _check_update_log_probs(actor: Actor, batch: RLBatch, policy_loss: PolicyLoss) -> None:
-    """An on-policy update asked to keep its log-probs (`update_log_probs`, the Actor protocol's optional
-    attribute) keeps what `compute_log_probs` gives just before it, every row (every rank's), in order.
-    On-policy means one optimizer step: the rows of one mini-batch (a TorchActor's `actor.mini_batch_size`
-    prompts x rollout.n), and nothing to check for an actor configured with more than one PPO epoch."""
+def _check_on_policy_update(actor: Actor, batch: RLBatch, policy_loss: PolicyLoss) -> None:
+    """`on_policy_update` (the Actor protocol's optional method) returns, with its metrics, what
+    `compute_log_probs` gives just before it, every row (every rank's), in order. On-policy means one optimizer
+    step: the rows of one mini-batch (a TorchActor's `actor.mini_batch_size` prompts x rollout.n), and nothing
+    to check for an actor configured with more than one PPO epoch."""
     from .workers import TorchActor
 
     if isinstance(actor, TorchActor):
@@ -186,12 +215,13 @@ def _check_update_log_probs(actor: Actor, batch: RLBatch, policy_loss: PolicyLos
     train = batch.index(slice(None))
     train["advantages"] = batch["response_mask"].float().clone()
     with_loss_mask(train)
-    actor.update(train, policy_loss, on_policy=True, keep_log_probs=True)
-    kept = actor.update_log_probs
-    assert kept is not None and kept.shape == before.shape and not kept.requires_grad and kept.device.type == "cpu", \
-        "update_log_probs must be the (B, R) log-probs of the update's forward, detached, on the CPU"
+    metrics, kept = actor.on_policy_update(train, policy_loss)
+    assert isinstance(metrics, dict) and all(isinstance(v, float) for v in metrics.values()), \
+        "on_policy_update must return the update's metrics (name -> float) first"
+    assert torch.is_tensor(kept) and kept.shape == before.shape and not kept.requires_grad and \
+        kept.device.type == "cpu", "on_policy_update must return its forward's (B, R) log-probs, detached, on the CPU"
     torch.testing.assert_close(kept, before, rtol=1e-5, atol=1e-5,
-                               msg="update_log_probs must equal compute_log_probs before the update (pi_old)")
+                               msg="on_policy_update's log-probs must equal compute_log_probs before it (pi_old)")
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

@@ -124,8 +124,7 @@ def with_plugins(site: Path, *names: str, **extra: str) -> dict[str, str]:
 
 
 SERIAL = {"test_reward_runtime", "test_reward_foreign", "test_reward_components", "test_multiturn",
-          "test_reliability_faults", "test_reliability_inputs", "test_security", "test_data_sources",
-          "test_mlflow_resume", "test_mlflow_tracker", "test_mlflow_ui"}
+          "test_reliability_faults", "test_reliability_inputs", "test_security", "test_data_sources"}
 """Modules whose tests race a short deadline on purpose (a reward or environment past its timeout_s, a
 worker killed mid-call, a server's start, a prefetch thread): marked `serial`, so nox's core session runs
 them after the rest, which it spreads over the cores (pytest-xdist), on an otherwise idle machine."""

@@ -67,7 +67,7 @@ def _rollout_batch(config, workers, rows: int = 8):
 
 
 def test_check_actor_recipe_as_written_passes_for_the_debug_actor():
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     from nanoverl_core.testing import check_actor
 
     config, workers = _debug_workers()
@@ -101,7 +101,7 @@ def test_the_normalisers_make_the_loss_independent_of_the_micro_batch_size():
 
 
 def test_update_takes_keep_log_probs_and_a_nonfinite_loss_raises_without_stepping():
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     from nanoverl_core.errors import NonFiniteError
     from nanoverl_core.protocols import Actor
 
@@ -115,6 +115,28 @@ def test_update_takes_keep_log_probs_and_a_nonfinite_loss_raises_without_steppin
     with pytest.raises(NonFiniteError):
         workers.actor.update(batch, vanilla, on_policy=False)
     assert all(torch.equal(before[k], v) for k, v in workers.actor.full_tensors()), "a non-finite update stepped"
+
+
+def test_an_on_policy_update_returns_its_log_probs_and_the_0_2_side_channel_still_works_with_a_warning():
+    """on_policy_update returns pi_old with the metrics; 0.2.0's update(..., keep_log_probs=True), which kept
+    them in `update_log_probs`, still does for one minor version, with one deprecation warning."""
+    from nanoverl_core.algos import vanilla
+    from nanoverl_core.errors import NanoverlDeprecation
+
+    config, workers = _debug_workers()
+    batch = _rollout_batch(config, workers)
+    batch["loss_mask"], batch["advantages"] = batch["response_mask"].clone(), batch["response_mask"].clone()
+    before = workers.actor.compute_log_probs(batch)
+    state = {k: v.clone() for k, v in workers.actor.module.state_dict().items()}
+    optimizer = workers.actor.optimizer.state_dict()
+    metrics, kept = workers.actor.on_policy_update(batch, vanilla)
+    torch.testing.assert_close(kept, before, rtol=1e-5, atol=1e-6)
+    assert set(metrics) >= {"actor/pg_loss", "actor/grad_norm"}
+    workers.actor.module.load_state_dict(state)
+    workers.actor.optimizer.load_state_dict(optimizer)
+    with pytest.warns(NanoverlDeprecation, match="on_policy_update"):
+        old_metrics = workers.actor.update(batch, vanilla, on_policy=True, keep_log_probs=True)
+    assert torch.equal(workers.actor.update_log_probs, kept) and old_metrics.keys() == metrics.keys()
 
 
 def test_a_schedule_built_before_total_steps_is_known_reads_it_when_it_is_final():

@@ -229,7 +229,7 @@ def _batch(tokenizer):
 
 def _one_update(workers):
     """The batch with old / reference log-probs, the update's metrics, its gradients, the parameters after it."""
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
 
     actor, grads = workers.actor, {}
     batch = _batch(workers.tokenizer)
@@ -270,10 +270,10 @@ def assert_same_update(got, want):
                          ids=["micro_batches", "kl_token_budget", "gradient_checkpointing"])
 def test_a_tiny_llama_update_is_the_same_with_and_without_chunking(tmp_path, extra):
     plain_w, chunked_w = _workers(tmp_path, 0, *extra), _workers(tmp_path, 3, *extra)   # 3: splits 13 positions
-    assert plain_w.actor.chunked_head is None and chunked_w.actor.chunked_head is not None
-    assert chunked_w.reference.chunked_head is not None
+    assert plain_w.actor.forward_pass.head is None and chunked_w.actor.forward_pass.head is not None
+    assert chunked_w.reference.forward_pass.head is not None
     want, got = _one_update(plain_w), _one_update(chunked_w)
-    assert chunked_w.actor.chunked_head.checked                         # still on after its first call
+    assert chunked_w.actor.forward_pass.head.checked                # still on after its first call
     assert_same_update(got, want)
     initial = _workers(tmp_path / "init", 0, *extra).actor.module.state_dict()
     assert max((want[3][n] - initial[n]).abs().max() for n in want[3]) > 5e-4    # the step moved the weights
@@ -292,7 +292,7 @@ def test_a_model_that_transforms_its_logits_falls_back_to_the_full_logits(tmp_pa
     batch = _batch(plain_w.tokenizer)
     want = plain_w.actor.compute_log_probs(batch)
     got = chunked_w.actor.compute_log_probs(batch)
-    assert chunked_w.actor.chunked_head is None
+    assert chunked_w.actor.forward_pass.head is None
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     with torch.no_grad():
         (lp, ent), (_, want_ent) = chunked_w.actor.forward(batch, True), plain_w.actor.forward(batch, True)
@@ -308,7 +308,7 @@ def test_the_sum_pi_squared_pass_gives_the_chunked_heads_log_probs(tmp_path):
     batch = _batch(workers.tokenizer)
     log_probs, sum_sq = workers.actor.compute_log_probs_and_sum_pi_squared(batch)
     torch.testing.assert_close(log_probs, workers.actor.compute_log_probs(batch), rtol=0, atol=1e-5)
-    assert workers.actor.chunked_head is not None                   # the chunked path served the second call
+    assert workers.actor.forward_pass.head is not None                   # the chunked path served the second call
     valid = batch["response_mask"] == 1
     assert (sum_sq[valid] >= log_probs.exp()[valid] ** 2 - 1e-6).all() and (sum_sq[valid] <= 1).all()
     assert (sum_sq[~valid] == 0).all()

@@ -50,7 +50,7 @@ def test_new_batch_shapes_compile_no_new_graphs(tmp_path):
     shared prompts with their one-time check), batches of other row counts, prompt lengths and response
     widths run on the graphs already compiled. (A size of exactly 1, one distinct prompt in a micro-batch or
     a packed micro-batch's one sequence, compiles its own graph once: torch's 0/1 specialization.)"""
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     from nanoverl_core.testing import prompt_batch, with_loss_mask
     from nanoverl_core.workers import compile_metrics
 

@@ -104,12 +104,15 @@ def test_every_field_has_a_docstring():
 
 
 def test_a_components_setting_is_typed_on_the_command_line():
+    from conftest import first_party_registry
+
+    registry = first_party_registry()                          # the mlflow tracker's settings, installed or not
     cfg = load_config(DEBUG, ["tracking.trackers=[mlflow]", "tracking.mlflow.run_name=007",
-                              "tracking.mlflow.experiment=2024-01-01"], registry=load_registry())
+                              "tracking.mlflow.experiment=2024-01-01"], registry=registry)
     assert cfg.tracking.settings["mlflow"].run_name == "007"            # text as written, not the int 7
     assert cfg.tracking.settings["mlflow"].experiment == "2024-01-01"   # nor a YAML date
     quoted = load_config(DEBUG, ["tracking.trackers=[mlflow]", 'tracking.mlflow.run_name="007"',
-                                 "trainer.output_dir='runs/a b'"], registry=load_registry())
+                                 "trainer.output_dir='runs/a b'"], registry=registry)
     assert quoted.tracking.settings["mlflow"].run_name == "007"         # TOML's quotes are not part of the text
     assert quoted.trainer.output_dir == "runs/a b"
 

@@ -203,7 +203,7 @@ def test_the_schema_walk_sees_every_section_and_component_table():
     assert {"trainer.total_steps", "actor.lr", "algorithm.rollout_correction.is_threshold", "model.lora.rank",
             "environment.max_turns"} <= set(KEYS)
     tables = {key.rsplit(".", 1)[0] for _, key in COMPONENT_KEYS}
-    assert {"rollout.debug", "actor.cispo", "tracking.mlflow"} <= tables, tables
+    assert {"rollout.debug", "actor.cispo", "tracking.plot"} <= tables, tables
     assert typing.get_type_hints(Config)  # the schema resolves (no string annotation left unresolvable)
 
 

@@ -260,3 +260,84 @@ def test_every_optional_attribute_the_code_reads_is_documented_in_protocols():
     assert not optional - read.keys(), f"documented but never read: {sorted(optional - read.keys())}"
     assert not NOT_CONTRACTS - read.keys(), f"NOT_CONTRACTS lists what is no longer read: {NOT_CONTRACTS - read.keys()}"
     assert not optional & NOT_CONTRACTS
+
+
+# ---- the protocols name the batch columns batch.py describes --------------------------------------------
+BATCH_NAMES = ("batch", "mb", "rows", "out", "one", "sub", "prompts", "generated", "scored", "train", "kept", "first")
+"""What the core calls an RLBatch where it reads or writes a column by name."""
+
+
+def columns_in_code() -> set[str]:
+    """Every column the core reads or writes by a literal name: batch["name"], "name" in batch, and the keys of
+    an RLBatch({...}) literal."""
+    found = set()
+    for path in (ROOT / "nanoverl_core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) in BATCH_NAMES:
+                found |= {node.slice.value} if isinstance(node.slice, ast.Constant) else set()
+            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)) and \
+                    getattr(node.comparators[0], "id", None) in BATCH_NAMES and isinstance(node.left, ast.Constant):
+                found.add(node.left.value)
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "RLBatch" and node.args and \
+                    isinstance(node.args[0], ast.Dict):
+                found |= {k.value for k in node.args[0].keys if isinstance(k, ast.Constant)}
+    return {name for name in found if isinstance(name, str) and re.fullmatch(r"[a-z][a-z0-9_]*", name)}
+
+
+def described_columns() -> set[str]:
+    """The columns batch.py's docstring describes (its table and its non-tensor list) and the episodes' columns
+    env/episode.py's docstring lists."""
+    from nanoverl_core import batch
+    from nanoverl_core.env import episode
+
+    table = set(re.findall(r"^    ([a-z_]+)(?:, ([a-z_]+))?\s*\(", batch.__doc__, re.M))
+    names = {name for pair in table for name in pair if name}
+    names |= set(re.findall(r"`([a-z_]+)`", batch.__doc__.split("Non-tensor columns", 1)[1].split("\n\n")[0]))
+    return names | set(re.findall(r"^    ([a-z_]+)\b", episode.__doc__, re.M))
+
+
+def protocol_docstrings() -> dict[str, str]:
+    docs = {}
+    for name, cls in vars(protocols).items():
+        if isinstance(cls, type) and cls.__module__ == protocols.__name__:
+            docs[name] = cls.__doc__ or ""
+            docs |= {f"{name}.{m}": f.__doc__ or "" for m, f in vars(cls).items() if callable(f) and f.__doc__}
+    return docs
+
+
+def test_every_column_a_protocol_names_is_one_batch_py_describes():
+    """A protocol that names a column names one the batch's own description has: a column renamed or added in
+    the code and the protocols, but not in batch.py (or the other way round), fails here."""
+    columns, described = columns_in_code(), described_columns()
+    assert {"responses", "loss_mask", "rollout_log_probs", "reward_baselines", "sum_pi_squared"} <= columns
+    named = {(where, name) for where, doc in protocol_docstrings().items()
+             for name in re.findall(r"``?([a-z_]+)``?", doc) if name in columns}
+    missing = sorted((where, name) for where, name in named if name not in described)
+    assert not missing, f"columns the protocols name but nanoverl_core/batch.py does not describe: {missing}"
+    assert {name for _, name in named} >= {"loss_mask", "advantages", "model_mask", "truncated", "reward_baselines"}
+
+
+def test_what_the_rollout_protocol_says_a_rollout_returns_is_what_the_trainer_accepts():
+    """Rollout.generate's docstring lists the columns a rollout returns, then the ones it never returns: a batch
+    with the first passes `check_rollout_columns`, and adding any of the second is refused."""
+    from nanoverl_core.errors import PluginError
+    from nanoverl_core.rollout import check_rollout_columns, responses_to_batch
+
+    doc = " ".join(protocols.Rollout.generate.__doc__.split())
+    returns = doc.split("rows in the same order:", 1)[1].split("; never ", 1)[0]
+    never = doc.split("; never ", 1)[1].split(".", 1)[0].split(";", 1)[0]
+    columns = columns_in_code()
+    returned = [name for name in re.findall(r"`(\w+)`", returns) if name in columns]
+    refused = [name for name in re.findall(r"`(\w+)`", never) if name in columns]
+    assert {"responses", "response_mask", "truncated", "rollout_log_probs", "model_mask"} <= set(returned)
+    assert refused == ["loss_mask"], refused
+    out = responses_to_batch([[3, 1], [3, 3]], eos_token_id=1, pad_token_id=0, max_new_tokens=4)
+    for name in returned:
+        if name not in out:
+            out[name] = torch.zeros(out["response_mask"].shape)
+    assert check_rollout_columns(out, "doc") is out
+    for name in refused:
+        bad = out.index(slice(None))
+        bad[name] = out["response_mask"]
+        with pytest.raises(PluginError):
+            check_rollout_columns(bad, "doc")

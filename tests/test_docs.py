@@ -1,7 +1,9 @@
-"""The docs stay true and in one place: the README orients (<= 320 lines), every list a README gives of
-what a plugin registers equals what it registers, the nox sessions and the example-plugin count match the
-code, no table row lives in two files, and no user-facing page speaks of how it was made (dates, commits,
-aims, machine load, CI run times). Plain file reading; no model, no nox, no plugin install.
+"""The docs stay true and in one place: the README orients (<= 340 lines), every list a README gives of
+what a plugin registers equals what it registers, the nox sessions, the example-plugin count and the core's
+size match the code, no table row lives in two files, and no user-facing page speaks of how it was made
+(dates, commits, aims, machine load, CI run times) or names a processor outside the one table of the
+machines measured: a figure names the instruction set and the cores. Plain file reading; no model, no nox,
+no plugin install.
 """
 
 from __future__ import annotations
@@ -59,7 +61,18 @@ def table_rows(text: str) -> list[list[str]]:
 
 def test_the_readme_orients_in_about_300_lines():
     lines = len(README.read_text().splitlines())
-    assert lines <= 320, f"README.md has {lines} lines; move reference material to docs/"
+    assert lines <= 340, f"README.md has {lines} lines; move reference material to docs/"
+
+
+def test_the_readmes_core_size_is_what_its_command_counts():
+    """The README says how many lines the core is and gives the command that counts them: the two agree
+    (to 3%: "about")."""
+    text = " ".join(README.read_text().split())
+    match = re.search(r"is about ([\d,]+) lines of Python \(`find nanoverl_core -name '\*\.py' \| xargs cat \| wc -l`\)", text)
+    assert match, "README.md no longer states the core's size with its command"
+    stated = int(match.group(1).replace(",", ""))
+    counted = sum(len(p.read_text().splitlines()) for p in (ROOT / "nanoverl_core").rglob("*.py"))
+    assert abs(stated - counted) <= 0.03 * counted, f"README.md says about {stated:,} lines; the command counts {counted:,}"
 
 
 def test_the_grpo_readme_lists_exactly_the_estimators_the_plugin_registers():
@@ -142,6 +155,42 @@ software does."""
 @pytest.mark.parametrize("path", USER_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_user_facing_page_holds_a_builders_note(path):
     text = path.read_text()
-    found = [(pattern, text[max(0, m.start() - 40):m.end() + 40]) for pattern in BUILDER_NOTES
+    found = [(pattern, text[max(0, m.start() - 40):m.end() + 40]) for pattern in BUILDER_NOTES + HOW_MADE + DATES
              for m in re.finditer(pattern, text, re.IGNORECASE)]
     assert not found, found
+
+
+MACHINES = ROOT / "benchmarks" / "README.md"
+"""The page whose "Machines measured" table is the one place a processor is named."""
+PROCESSORS = r"\b(?:Xeon|EPYC|Ryzen|Threadripper|Opteron|Graviton|Neoverse|Ampere Altra|Intel|AMD|Core i[3579]|Apple M[1-9])\b"
+"""Processor vendors and families: a figure names the instruction set and the cores instead ("2 cores, AVX2")."""
+HOW_MADE = [r"\bon this CPU\b", r"\bthe same (?:machine|CPU|host|Xeon|EPYC)\b", r"\bin (?:two|three|four|\d+) sessions\b",
+            r"\b(?:an? )?(?:idle|busy|quiet|loaded) (?:machine|host)\b", r"\bover the (?:CPUs|machines) measured\b",
+            r"\b(?:measured|ran|run) (?:again )?(?:right after|before) (?:them|it)\b", r"\bmeasured again\b",
+            r"\bshared with other jobs\b", r"\bnot in CI\b", r"\bCI(?:'s)? (?:took|takes|run time|timings?)\b"]
+"""How a figure was taken (the machine's load, the order of runs, which machine it shared), not what it is."""
+DATES = [r"\b(?:January|February|March|April|May|June|July|August|September|October|November|December) (?:\d{1,2}, )?20\d\d\b",
+         r"\b\d{1,2} (?:January|February|March|April|May|June|July|August|September|October|November|December) 20\d\d\b"]
+
+
+def machines_table(text: str) -> list[str]:
+    """The body rows of the table under "## Machines measured" (the one place a processor is named)."""
+    section = text.split("\n## Machines measured\n", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("|") and not set(line) <= set("|-: ")][1:]
+
+
+def test_one_table_lists_the_machines_figures_were_measured_on():
+    rows = machines_table(MACHINES.read_text())
+    assert rows and all(re.search(PROCESSORS, row) for row in rows), rows
+    labels = {row.strip("|").split("|")[0].strip() for row in rows}
+    named = {m.group(1) for f in USER_FILES for m in re.finditer(r"\b2 cores(?:,| with) (AVX[\w-]+)", f.read_text())}
+    assert named and named <= labels, f"figures name {sorted(named - labels)}, which the table does not list"
+
+
+@pytest.mark.parametrize("path", USER_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_processor_is_named_outside_the_table_of_machines_measured(path):
+    text = path.read_text()
+    allowed = set(machines_table(text)) if path == MACHINES else set()
+    found = [line.strip()[:160] for line in text.splitlines() if re.search(PROCESSORS, line) and line not in allowed]
+    assert not found, (f"{path.relative_to(ROOT)} names a processor; say the instruction set and the cores "
+                       f"(\"2 cores, AVX2\"), and list the machine in benchmarks/README.md's table", found)

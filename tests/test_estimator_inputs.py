@@ -66,7 +66,7 @@ def test_the_actor_gives_log_probs_and_the_sum_of_squared_probabilities_in_one_p
     log_probs, sum_sq = actor.compute_log_probs_and_sum_pi_squared(batch)
     torch.testing.assert_close(log_probs, actor.compute_log_probs(batch), rtol=0, atol=1e-6)
     with torch.no_grad():                                 # by hand: the module's logits at temperature 0.7
-        inputs, width = actor.module_inputs(batch)
+        inputs, width = actor.forward_pass.module_inputs(batch)
         probs = torch.softmax(actor.module(**inputs).logits[:, -width - 1:-1].float() / 0.7, dim=-1)
     want = torch.nn.functional.pad((probs ** 2).sum(-1), (0, 4 - width)) * batch["response_mask"]
     torch.testing.assert_close(sum_sq, want, rtol=0, atol=1e-6)

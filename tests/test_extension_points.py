@@ -13,11 +13,12 @@ import torch
 from conftest import EXAMPLES, ROOT, assert_user_error, replay_steps, run_cli
 from nanoverl_core import RLBatch, load_config, load_registry
 from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.builtins.debug import make_rollout, make_workers
 from nanoverl_core.builtins.debug_settings import DebugModelSettings, DebugRolloutSettings
 from nanoverl_core.errors import ConfigError
-from nanoverl_core.testing import check_actor, check_rollout, check_same_run, prompt_batch, with_loss_mask
+from nanoverl_core.testing import (check_actor, check_rollout, check_same_run, prompt_batch, score_texts,
+                                   with_loss_mask)
 
 PPO = EXAMPLES / "debug_ppo.toml"
 REINFORCE = EXAMPLES / "debug_reinforce.toml"
@@ -317,5 +318,5 @@ def test_a_reward_with_settings_is_called_with_its_table():
     assert cfg.tracking.settings["plot"].every_s == 0  # a tracker's table: settings by tracker name
     batch = RLBatch({"x": torch.zeros(2)}, {"row": [{"target": "12"}, {"target": "3"}], "prompt_text": ["a", "b"],
                                             "index": [0, 1]})
-    scores, _ = RewardScorer(cfg.reward, registry).score(batch, ["12", "4"])
+    scores, _ = score_texts(RewardScorer(cfg.reward, registry), batch, ["12", "4"])
     assert scores.tolist() == [1.25, 0.25]

@@ -159,3 +159,32 @@ def test_the_core_has_no_import_circle():
         if module not in state:
             visit(module, [module])
     assert not circles, f"import circles: {circles}"
+
+
+# ---- the core stays readable: short functions, a step on one screen, the PPO mechanics in one short file -----
+def _functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node.lineno, node.end_lineno - node.lineno + 1
+
+
+def test_no_core_function_is_longer_than_50_lines_and_the_step_than_45():
+    long = [f"{path.relative_to(ROOT)}:{line} {name} ({length} lines)"
+            for path in sorted((ROOT / "nanoverl_core").rglob("*.py")) for name, line, length in _functions(path)
+            if length > 50]
+    assert not long, f"split these: {long}"
+    (step,) = [length for name, _, length in _functions(ROOT / "nanoverl_core" / "trainer" / "trainer.py")
+               if name == "train_step"]
+    assert step <= 45, f"train_step is {step} lines: keep the step on one screen (decide passes in plan.py)"
+
+
+def test_the_ppo_mechanics_read_in_one_short_file():
+    """workers/ppo.py holds passes, mini-batches, losses and the optimizer step; how a micro-batch reaches the
+    model is workers/forward.py's."""
+    ppo = ROOT / "nanoverl_core" / "workers" / "ppo.py"
+    assert len(ppo.read_text().splitlines()) <= 350
+    tree = ast.parse(ppo.read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+        {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert not names & {"pack_rows", "PackedRows", "prompt_cache", "ChunkedHead", "autocast", "attending"}

@@ -37,10 +37,10 @@ def test_a_cpu_that_emulates_the_compute_dtype_is_warned_about_once(tmp_path, mo
     one warning line for the whole process (actor, reference and critic are built), none when it is fast
     or compute_dtype is unset."""
     from nanoverl_core.builtins.debug import make_workers
-    from nanoverl_core.workers import ppo
+    from nanoverl_core.workers import precision
 
-    monkeypatch.setattr(ppo, "cpu_has_fast", lambda dtype: fast)
-    ppo._warn_slow_compute_dtype.cache_clear()
+    monkeypatch.setattr(precision, "cpu_has_fast", lambda dtype: fast)
+    precision.warn_slow_compute_dtype.cache_clear()
     for compute in ("", "bfloat16", "bfloat16"):
         make_workers(_config(tmp_path, f"model.compute_dtype={compute}", "trainer.device=cpu", "reference.enable=true",
                              "critic.enable=true"))
@@ -134,7 +134,7 @@ def _batch(tokenizer):
 
 def _passes(workers):
     """Log-probs, values, the parameters before and after one actor and one critic update, the AdamW state."""
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
 
     actor, critic = workers.actor, workers.critic
     batch = _batch(workers.tokenizer)
@@ -179,8 +179,8 @@ def test_every_forward_runs_under_the_compute_dtype_and_only_then(tmp_path, chun
         calls.clear()
         _passes(workers)
         # the shared prompt cache stayed on (a checkpointed training pass runs plain; the log-prob passes use it)
-        assert workers.actor.cache_keyword is not None
-        assert (workers.actor.chunked_head is not None) == (chunk > 0)
+        assert workers.actor.forward_pass.cache_keyword is not None
+        assert (workers.actor.forward_pass.head is not None) == (chunk > 0)
         assert len(calls) > 100 and set(calls) == want
 
 
@@ -238,8 +238,8 @@ def test_each_weight_is_cast_once_per_pass_not_once_per_micro_batch(tmp_path):
         workers = _workers(tmp_path, "model.compute_dtype=bfloat16")
         _passes(workers)                                             # the first passes' one-time checks
         for worker in (workers.actor, workers.critic):
-            assert worker.keeps_casts and not workers.reference.keeps_casts
-            worker.keeps_casts = once
+            assert worker.forward_pass.keeps_casts and not workers.reference.forward_pass.keeps_casts
+            worker.forward_pass.keeps_casts = once
         batch = _batch(workers.tokenizer)
         matmul_weights = [m.weight for m in workers.actor.module.modules() if isinstance(m, torch.nn.Linear)]
         with WeightCasts(matmul_weights) as casts:
@@ -247,7 +247,7 @@ def test_each_weight_is_cast_once_per_pass_not_once_per_micro_batch(tmp_path):
         assert casts.count == len(matmul_weights) * (1 if once else 4), casts.count
         batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)
         batch["values"] = workers.critic.compute_values(batch)
-        from nanoverl_core.algos.losses import vanilla
+        from nanoverl_core.algos import vanilla
         assert [len(micro) for micro, _ in workers.actor.minibatches(batch)] == [2, 2]
         with WeightCasts(matmul_weights) as casts:
             workers.actor.update(batch, vanilla)

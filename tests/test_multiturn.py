@@ -23,6 +23,7 @@ from nanoverl_core.env import EnvStep, EpisodeRollout, InProcess, Turn, episode_
 from nanoverl_core.env.tools import parse_calls
 from nanoverl_core.errors import EpisodeError
 from nanoverl_core.rollout import SamplingParams
+from nanoverl_core.testing import score_texts
 
 TURNS = str(EXAMPLES / "debug_copy_turns.toml")
 COPY = ROOT / "examples" / "data" / "debug_copy"
@@ -201,7 +202,8 @@ def test_scores_add_the_answer_reward_and_the_environments_turn_rewards(tmp_path
     config.reward.name, config.reward.workers = "char_match", 0
     scorer = RewardScorer(config.reward, load_registry(), run_dir=tmp_path)
     scored, _ = scorer.score_batch(batch, workers.tokenizer)
-    answer, _ = scorer.score(batch, list(batch["final_text"]))
+    rows = RLBatch(non_tensors={key: batch[key] for key in ("prompt_text", "row", "index")})
+    answer, _ = score_texts(scorer, rows, list(batch["final_text"]))          # the last model turn alone
     assert torch.allclose(scored["score"], answer + 0.5 * (1 + 2 + 3))
     last_model = [int(row.nonzero().max()) for row in batch["model_mask"]]
     for row, last in enumerate(last_model):

@@ -27,7 +27,7 @@ def test_core_builtins_are_listed_with_their_names():
     names = info["nanoverl"]["names"]
     assert names["worker"] == ["debug"] and names["rollout"] == ["debug"]
     assert {"gae", "reinforce_plus_plus"} <= set(names["advantage_estimator"])
-    assert {"console", "jsonl", "mlflow"} <= set(names["tracker"])
+    assert {"console", "jsonl", "plot"} <= set(names["tracker"]) and "mlflow" not in names["tracker"]
 
 
 def test_outside_plugin_installed_with_pip_is_listed(plugin_site):

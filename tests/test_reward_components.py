@@ -1,6 +1,7 @@
 """Several rewards with weights ([[reward.components]]) through the real CLI: the score is exactly the
-weighted sum, each component is logged as reward/<name>/mean (and its extra keys as reward/<name>/<key>),
-in metrics.jsonl and in a real MLflow store; component mistakes exit 2 with one line naming the key.
+weighted sum, each component is logged as reward/<name>/mean (and its extra keys as reward/<name>/<key>)
+in metrics.jsonl (nanoverl-mlflow's tests read them back from a real MLflow store); component mistakes
+exit 2 with one line naming the key.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ def write_config(tmp_path, components: str) -> str:
 
 
 def test_two_rewards_with_weights_give_exactly_the_weighted_score_and_log_each_component(tmp_path):
-    pytest.importorskip("mlflow")
-    from mlflow import MlflowClient
-
     (tmp_path / "length.py").write_text(LENGTH)
     config = write_config(tmp_path, f'''
 [[reward.components]]
@@ -38,10 +36,10 @@ weight = 0.7
 file = "{tmp_path / 'length.py'}"
 weight = 0.3
 ''')
-    run_dir, store = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
     proc = run_cli("--config", config, "trainer.total_steps=2", "trainer.save_every=0", "data.val_files=[]",
                    "data.batch_size=4", "rollout.n=2", "trainer.progress=none", "trainer.rollout_samples=-1",
-                   "tracking.trackers=[jsonl,mlflow]", f"tracking.mlflow.uri={store}", f"trainer.output_dir={run_dir}")
+                   "tracking.trackers=[jsonl]", f"trainer.output_dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = read_metrics(run_dir)
     for step, row in enumerate(metrics, start=1):
@@ -53,11 +51,6 @@ weight = 0.3
         assert row["reward/length/mean"] == pytest.approx(sum(b) / len(b))
         assert row["reward/length/chars"] == pytest.approx(4 * sum(b) / len(b))
         assert row["reward/mean"] == pytest.approx(0.7 * sum(a) / len(a) + 0.3 * sum(b) / len(b))
-    client = MlflowClient(tracking_uri=store)
-    (run,) = client.search_runs([client.get_experiment_by_name("nanoverl").experiment_id])
-    for key in ("reward/char_match/mean", "reward/length/mean", "reward/length/chars"):
-        logged = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-        assert logged == [(r["step"], pytest.approx(r[key])) for r in metrics], key
 
 
 @pytest.mark.parametrize("components, overrides, needles", [

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import EXAMPLES, assert_user_error, read_metrics, run_cli
+from nanoverl_core.testing import score_texts
 
 # The shape of verl's per-dataset scorers (utils/reward_score/<dataset>.py): no data_source, no extra_info,
 # keyword-only tuning knobs with defaults. Written for this test.
@@ -65,7 +66,7 @@ def test_a_verl_dataset_scorer_without_data_source_or_extra_info_runs_unchanged(
     texts = ["so #### 72", "#### 71", "no answer", "#### 72 "]
     scorer = _scorer(tmp_path, VERL_DATASET_SCORER, workers=workers)
     assert scorer.styles == ["verl"]
-    scores, metrics = scorer.score(_batch(rows), texts)
+    scores, metrics = score_texts(scorer, _batch(rows), texts)
     scorer.close()
     assert scores.tolist() == [1.0, 0.25, 0.0, 1.0] and metrics["reward/errors"] == 0
 
@@ -82,7 +83,7 @@ def test_a_verl_scorer_with_kwargs_gets_every_verl_argument(tmp_path):
               '    assert sorted(kw) == ["data_source", "extra_info", "ground_truth"], kw\n'
               '    return float(kw["extra_info"]["i"] + (kw["data_source"] == "d"))\n')
     scorer = _scorer(tmp_path, source, workers=0)
-    scores, _ = scorer.score(_batch([{"target": "1", "extra_info": {"i": 2}}]), ["x"])
+    scores, _ = score_texts(scorer, _batch([{"target": "1", "extra_info": {"i": 2}}]), ["x"])
     assert scores.tolist() == [3.0]
 
 
@@ -92,7 +93,7 @@ def test_a_trl_reward_function_is_called_once_per_batch_with_columns_as_lists(tm
             {"prompt": "8=", "target": "8", "data_source": "skip"}]
     scorer = _scorer(tmp_path, TRL_REWARD, function="reward_len_and_answer", workers=2)
     assert scorer.styles == ["trl"] and scorer.in_trainer == [False]
-    scores, metrics = scorer.score(_batch(rows), ["12", "12", "8", "8"])
+    scores, metrics = score_texts(scorer, _batch(rows), ["12", "12", "8", "8"])
     # a chat prompt's completion arrives as [{"role": "assistant", ...}]; None (TRL: not applicable) adds 0
     assert scores.tolist() == [1.0, 1.5, 0.0, 0.0] and metrics["reward/errors"] == 0
     # batched: one call in the batch pool's one worker process; the per-row pool was never started
@@ -105,7 +106,7 @@ def test_a_trl_reward_returning_the_wrong_length_is_an_error(tmp_path):
 
     scorer = _scorer(tmp_path, "def f(prompts, completions, **kw):\n    return [1.0]\n", function="f")
     with pytest.raises(RewardError, match="returned 1 values for 2 rows"):
-        scorer.score(_batch([{"prompt": "a", "target": "a"}] * 2), ["a", "b"])
+        score_texts(scorer, _batch([{"prompt": "a", "target": "a"}] * 2), ["a", "b"])
 
 
 def test_trl_and_verl_scorers_train_from_the_cli(tmp_path):

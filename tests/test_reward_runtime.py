@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from conftest import EXAMPLES, assert_user_error, cli_env, read_metrics, run_cli
+from nanoverl_core.testing import score_texts
 
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
 BASE = ["trainer.progress=none", "trainer.save_every=1", "data.shuffle=false", "rollout.n=2",
@@ -150,7 +151,7 @@ def test_a_reward_registered_in_code_runs_in_the_trainer_next_to_a_pooled_file(t
     scorer = RewardScorer(cfg, registry, run_dir=tmp_path / "run")
     try:
         assert scorer.in_trainer == [True, False]
-        scores, metrics = scorer.score(_batch(2), ["ab", "abcd"])
+        scores, metrics = score_texts(scorer, _batch(2), ["ab", "abcd"])
     finally:
         scorer.close()
     assert scores.tolist() == [1.5, 2.5] and metrics["reward/half/mean"] == 0.5
@@ -161,7 +162,7 @@ def test_the_timeout_holds_off_the_main_thread(tmp_path):
               "    if sample['i'] == 1:\n        while True:\n            pass\n    return 0.5\n")
     scorer = _scorer(tmp_path, source, workers=2, timeout_s=0.5, on_error="zero")
     out = {}
-    thread = threading.Thread(target=lambda: out.update(result=scorer.score(_batch(4), ["a", "b", "c", "d"])))
+    thread = threading.Thread(target=lambda: out.update(result=score_texts(scorer, _batch(4), ["a", "b", "c", "d"])))
     thread.start()
     thread.join(60)
     scorer.close()
@@ -176,7 +177,7 @@ def test_with_workers_0_a_timeout_is_a_timeout_even_inside_except_exception(tmp_
     source = ("def compute_score(prompt, response, sample):\n    try:\n        while sample['i'] == 1:\n"
               "            pass\n    except Exception:\n        return 0.75\n    return 0.5\n")
     scorer = _scorer(tmp_path, source, workers=0, timeout_s=0.5, on_error="zero")
-    scores, metrics = scorer.score(_batch(3), ["a", "b", "c"])
+    scores, metrics = score_texts(scorer, _batch(3), ["a", "b", "c"])
     assert scores.tolist() == [0.5, 0.0, 0.5]
     assert metrics["reward/timeouts"] == 1 and metrics["reward/errors"] == 1
     (written,) = error_rows(tmp_path / "run")
@@ -189,7 +190,7 @@ def test_workers_0_scores_in_process_like_the_pool(tmp_path):
     results = []
     for workers in (0, 3):
         scorer = _scorer(tmp_path, source, workers=workers)
-        results.append(scorer.score(_batch(6), texts))
+        results.append(score_texts(scorer, _batch(6), texts))
         scorer.close()
     (s0, m0), (s3, m3) = results
     assert s0.tolist() == s3.tolist() == [0.25, 0.5, 0.75, 1.0, 0.0, 0.5]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import GSM8K, ROOT, read_metrics, run_cli
+from nanoverl_core.testing import score_texts
 
 pytestmark = pytest.mark.hf
 
@@ -77,8 +78,8 @@ def test_a_verl_compute_score_scores_verl_rows_like_the_builtin_gsm8k(tmp_path, 
     registry = load_registry()
     builtin = RewardScorer(RewardConfig(name="gsm8k", workers=0), registry)
     verl = RewardScorer(RewardConfig(file=str(verl_file), workers=2), registry)
-    expected, metrics = builtin.score(batch, texts)
-    got, verl_metrics = verl.score(batch, texts)
+    expected, metrics = score_texts(builtin, batch, texts)
+    got, verl_metrics = score_texts(verl, batch, texts)
     verl.close()
     assert got.tolist() == expected.tolist()
     assert 0 < sum(expected.tolist()) < len(texts)  # both outcomes occur

@@ -178,12 +178,12 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(run_dir, tmp
 def test_config_values_are_never_evaluated(tmp_path):
     marker = tmp_path / "EVALUATED"
     code = f"__import__('os').system('touch {marker}')"
-    proc = run_cli("--config", REINFORCE, "--dry-run", f"trainer.output_dir={code}", f"data.prompt_key={code}",
-                   "tracking.trackers=[console,mlflow]", f"tracking.mlflow.run_name={{{{ {code} }}}}")
+    proc = run_cli("--config", str(EXAMPLES / "debug_copy_turns.toml"), "--dry-run", f"trainer.output_dir={code}",
+                   f"data.prompt_key={code}", f"environment.copy_turns.separator={{{{ {code} }}}}")
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(proc.stdout)["config"]
     assert cfg["trainer"]["output_dir"] == code and cfg["data"]["prompt_key"] == code
-    assert cfg["tracking"]["mlflow"]["run_name"] == "{{ " + code + " }}"  # a component's setting too
+    assert cfg["environment"]["copy_turns"]["separator"] == "{{ " + code + " }}"  # a component's setting too
     assert not marker.exists()
 
 
@@ -256,5 +256,5 @@ def test_nothing_binds_beyond_localhost_by_default():
             if wide:
                 problems.append(f"{rel}:{n}: {line.strip()}")
     assert problems == [], "\n".join(problems)
-    tracker = (ROOT / "nanoverl_core" / "builtins" / "mlflow_tracker.py").read_text()
+    tracker = (ROOT / "plugins" / "nanoverl-mlflow" / "src" / "nanoverl_mlflow" / "tracker.py").read_text()
     assert "--host 127.0.0.1" in tracker  # the `mlflow ui` command it prints

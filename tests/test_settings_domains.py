@@ -29,7 +29,7 @@ SELECT = {"actor": "actor.policy_loss", "algorithm": "algorithm.advantage_estima
           "data": "data.source"}
 STARTS_ON_DEBUG = {"nanoverl", "nanoverl-grpo"}
 """Providers whose components run on the debug worker and rollout (the others need a model or a service)."""
-NEEDS = {("tracker", "mlflow"): [], ("environment", "copy_turns"): ["rollout.max_new_tokens=8"],
+NEEDS = {("environment", "copy_turns"): ["rollout.max_new_tokens=8"],
          ("advantage_estimator", "gae"): ["critic.enable=true"]}
 """Overrides a component needs next to its selection to be a valid config at its defaults."""
 
@@ -43,7 +43,7 @@ def components() -> list[tuple[str, str, str, type, bool]]:
             cls = registry.settings_class(kind, name)
             if cls is not None:
                 provider = registry.entry(kind, name).provider
-                out.append((section, kind, name, cls, provider in STARTS_ON_DEBUG and (kind, name) != ("tracker", "mlflow")))
+                out.append((section, kind, name, cls, provider in STARTS_ON_DEBUG))
     return out
 
 

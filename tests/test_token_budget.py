@@ -10,7 +10,7 @@ import torch
 from conftest import EXAMPLES, assert_user_error, replay_steps, run_cli
 from nanoverl_core import SamplingParams, load_config, load_registry
 from nanoverl_core.algos import LOSS_AGG_MODES
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.builtins.debug import make_rollout, make_workers
 from nanoverl_core.errors import ConfigError
 from nanoverl_core.testing import prompt_batch, with_loss_mask

@@ -152,8 +152,8 @@ def test_truncated_sampling_with_rollout_log_probs_is_warned_about(tmp_path):
 @pytest.mark.parametrize("split", [[], ["actor.micro_batch_size=32"], ["actor.max_tokens_per_micro_batch=64"]],
                          ids=["one-pass", "micro-batches", "token-budget"])
 def test_mismatch_metrics_from_the_update_equal_those_of_a_separate_pass(tmp_path, split):
-    """With one on-policy update a step's rollout_corr/ metrics come from the update's own forward
-    (actor.update_log_probs) instead of a separate old-log-prob pass (issue 32: ~18% of a SmolLM2 step
+    """With one on-policy update a step's rollout_corr/ metrics read pi_old from the update's own forward
+    (actor.on_policy_update returns it) instead of a separate old-log-prob pass (~18% of a SmolLM2 step
     with the vllm rollout); the same run with the separate pass forced has the same metrics (to float
     rounding, summation order aside) and trains identically, however the update splits the rows."""
     from nanoverl_core import load_config, load_registry
@@ -165,9 +165,9 @@ def test_mismatch_metrics_from_the_update_equal_those_of_a_separate_pass(tmp_pat
                                       "trainer.val_every=0", "tracking.trackers=[jsonl]", "rollout.debug.log_probs=true",
                                       *split], registry=load_registry())
         trainer = Trainer(cfg, load_registry())
-        assert trainer.plan.mismatch == "from_update" and trainer.plan.old_log_probs == "none"
+        assert trainer.plan.mismatch and trainer.plan.old_log_probs == "from_update"
         if not single_pass:                                              # the separate pass, forced
-            trainer.plan = attrs.evolve(trainer.plan, mismatch="before_update", old_log_probs="pass")
+            trainer.plan = attrs.evolve(trainer.plan, old_log_probs="pass")
         actor, passes = trainer.workers.actor, []
         pass_of = actor.compute_log_probs
         actor.compute_log_probs = lambda batch: passes.append(len(batch)) or pass_of(batch)
@@ -189,4 +189,4 @@ def test_rollout_correction_keeps_the_separate_pass(tmp_path):
     cfg = load_config(REINFORCE, [f"trainer.output_dir={tmp_path}", QUIET, "rollout.debug.log_probs=true",
                                   "algorithm.rollout_correction.is_level=token"], registry=load_registry())
     plan = Trainer(cfg, load_registry()).plan
-    assert plan.on_policy and plan.mismatch == "before_update" and plan.old_log_probs == "pass"
+    assert plan.on_policy and plan.rollout_correction and plan.mismatch and plan.old_log_probs == "pass"

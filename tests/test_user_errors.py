@@ -62,11 +62,9 @@ def train(tmp_path: Path, *overrides: str) -> list[str]:
     (["trainer.critic_warmup=3"], ["trainer.critic_warmup = 3", "critic.enable = false"]),
     (["critic.enable=true", "algorithm.advantage_estimator=gae", "trainer.critic_warmup=200",
       "trainer.total_steps=100"], ["trainer.critic_warmup = 200", "never update"]),
-    (["tracking.trackers=[mlflow]", "tracking.mlflow.uri=fiel:///tmp/store"],
-     ["'tracking.mlflow.uri'", "'fiel'", "did you mean 'file'?"]),
 ], ids=["fraction-2", "component-fraction", "low-above-high", "rs-low-above-high", "epochs-zero-steps",
         "batch-over-rows", "resume-typo", "correction-without-log-probs", "critic-warmup-without-critic",
-        "critic-warmup-whole-run", "tracking-uri-scheme"])
+        "critic-warmup-whole-run"])
 def test_a_value_the_component_cannot_mean_is_refused_by_the_dry_run(tmp_path, overrides, needles):
     refused(tmp_path, dry(tmp_path, *overrides), *needles)
 

@@ -39,6 +39,13 @@ def changelog_section(version: str) -> str:
     return text[start:end if end >= 0 else len(text)]
 
 
+def released_headings() -> list[str]:
+    """CHANGELOG.md's section headings, newest first, without the one of changes not released yet
+    ("## 0.3.0 (unreleased)", which may head the file)."""
+    headings = [part.split("\n", 1)[0] for part in CHANGELOG.read_text().split("\n## ")[1:]]
+    return [h for h in headings if not h.endswith("(unreleased)")]
+
+
 def test_the_public_surface_is_the_one_this_version_ships():
     """Changing __all__, a hook spec, a protocol or a field of an object handed to plugins changes the plugin
     API: bump the minor version, write CHANGELOG.md, then `python tests/surface.py --update`."""
@@ -61,7 +68,7 @@ def test_every_change_since_the_version_before_is_in_the_changelog():
     """Each name added, removed or changed between the last two shipped surfaces appears in backticks in the
     CHANGELOG.md section of the newer version (a wholly new protocol or object may be named by its class)."""
     before, after = snapshots()[-2:]
-    assert CHANGELOG.read_text().split("\n## ")[1].split("\n", 1)[0] == after["version"], "CHANGELOG heads with it"
+    assert released_headings()[0] == after["version"], "CHANGELOG's newest released section is this version's"
     spans = " ".join(re.findall(r"`([^`]+)`", changelog_section(after["version"])))
     old_classes = {_names(k)[0] for k in before["surface"]}
     missing = []
@@ -134,6 +141,28 @@ def test_a_loss_plugin_written_for_0_1_0_trains_with_one_warning_line(tmp_path):
     assert len(warned) == 1 and warned[0].startswith("warning: PolicyLossInputs.response_mask is deprecated"), warned
     assert "use loss_mask" in warned[0] and "CHANGELOG.md" in warned[0]
     assert [row["step"] for row in read_metrics(tmp_path / "run")] == [1, 2]
+
+
+def test_the_reward_scorers_0_2_0_entry_points_keep_working_with_a_deprecation_warning():
+    from nanoverl_core import RLBatch, load_registry
+    from nanoverl_core.config import RewardConfig
+    from nanoverl_core.reward import RewardScorer
+    from nanoverl_core.testing import ByteTokenizer, score_texts
+
+    scorer = RewardScorer(RewardConfig(name="char_match", workers=0), load_registry())
+    batch = RLBatch(non_tensors={"prompt_text": ["p", "q"], "row": [{"target": "ab"}, {"target": "cd"}],
+                                 "index": [0, 1]})
+    want, _ = score_texts(scorer, batch, ["ab", "cx"])
+    with pytest.warns(NanoverlDeprecation, match="score_batch"):
+        scores, metrics = scorer.score(batch, ["ab", "cx"])
+    assert scores.tolist() == want.tolist() == [1.0, 0.5] and metrics["reward/errors"] == 0
+    with pytest.warns(NanoverlDeprecation, match="score_batch"):
+        assert scorer.score_components(batch, ["ab", "cx"])[2].tolist() == [[1.0], [0.5]]
+    ids = [ByteTokenizer().encode("ab"), ByteTokenizer().encode("cx")]
+    tokens = RLBatch({"responses": torch.tensor(ids), "response_mask": torch.ones(2, 2)}, batch.non_tensors)
+    with pytest.warns(NanoverlDeprecation, match="score_batch"):
+        scores, texts, _ = scorer.score_responses(tokens, ByteTokenizer())
+    assert texts == ["ab", "cx"] and scores.tolist() == [1.0, 0.5]
 
 
 def test_a_rollout_written_for_0_1_0_is_one_line_naming_the_new_column():

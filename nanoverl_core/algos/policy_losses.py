@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import settings_or_defaults
 from .loss_settings import (CispoSettings, ClipCovSettings, DppoKlSettings, DppoTvSettings, DroSettings,
                                      GeoMeanSettings, KlCovSettings, SapoSettings)
 from .losses import Metrics, PolicyLossInputs, agg_loss, token_mean_share
@@ -63,7 +64,7 @@ def compute_policy_loss_cispo(old_log_prob: torch.Tensor, log_prob: torch.Tensor
 
 def cispo(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     """Registered as policy loss "cispo" ([actor.cispo] eps_low, eps_high)."""
-    settings = config.settings or CispoSettings()
+    settings = settings_or_defaults(config.settings, CispoSettings)
     loss, metrics = compute_policy_loss_cispo(
         inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.loss_mask, eps_low=settings.eps_low,
         eps_high=settings.eps_high, log_ratio_clamp=config.log_ratio_clamp,
@@ -98,7 +99,7 @@ def compute_policy_loss_sapo(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
 
 def sapo(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     """Registered as policy loss "sapo" ([actor.sapo] tau_pos, tau_neg)."""
-    settings = config.settings or SapoSettings()
+    settings = settings_or_defaults(config.settings, SapoSettings)
     loss, metrics = compute_policy_loss_sapo(
         inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.loss_mask, tau_pos=settings.tau_pos,
         tau_neg=settings.tau_neg, log_ratio_clamp=config.log_ratio_clamp,
@@ -148,7 +149,7 @@ def compute_policy_loss_geo_mean(old_log_prob: torch.Tensor, log_prob: torch.Ten
 
 def geo_mean(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     """Registered as policy loss "geo_mean" (GMPO; [actor.geo_mean] clip_low, clip_high)."""
-    settings = config.settings or GeoMeanSettings()
+    settings = settings_or_defaults(config.settings, GeoMeanSettings)
     loss, metrics = compute_policy_loss_geo_mean(
         inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.loss_mask, clip_low=settings.clip_low,
         clip_high=settings.clip_high, log_ratio_clamp=config.log_ratio_clamp,
@@ -220,7 +221,7 @@ def compute_policy_loss_clip_cov(old_log_prob: torch.Tensor, log_prob: torch.Ten
 def clip_cov(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     """Registered as policy loss "clip_cov" ([actor.clip_cov] ratio, lower_bound, upper_bound; PPO's
     clip range from [actor])."""
-    settings = config.settings or ClipCovSettings()
+    settings = settings_or_defaults(config.settings, ClipCovSettings)
     loss, metrics = compute_policy_loss_clip_cov(
         inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.loss_mask,
         clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high, ratio=settings.ratio,
@@ -267,7 +268,7 @@ def compute_policy_loss_kl_cov(old_log_prob: torch.Tensor, log_prob: torch.Tenso
 
 def kl_cov(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     """Registered as policy loss "kl_cov" ([actor.kl_cov] ratio, coef)."""
-    settings = config.settings or KlCovSettings()
+    settings = settings_or_defaults(config.settings, KlCovSettings)
     loss, metrics = compute_policy_loss_kl_cov(
         inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.loss_mask, ratio=settings.ratio,
         coef=settings.coef, log_ratio_clamp=config.log_ratio_clamp, rollout_is_weights=inputs.rollout_is_weights,
@@ -358,9 +359,9 @@ def _dppo(divergence: str, settings, inputs: PolicyLossInputs, config) -> tuple[
 
 def dppo_tv(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     """Registered as policy loss "dppo_tv" ([actor.dppo_tv] delta_low, delta_high, is_cap)."""
-    return _dppo("tv", config.settings or DppoTvSettings(), inputs, config)
+    return _dppo("tv", settings_or_defaults(config.settings, DppoTvSettings), inputs, config)
 
 
 def dppo_kl(inputs: PolicyLossInputs, config) -> tuple[torch.Tensor, Metrics]:
     """Registered as policy loss "dppo_kl" ([actor.dppo_kl] delta_low, delta_high, is_cap)."""
-    return _dppo("kl", config.settings or DppoKlSettings(), inputs, config)
+    return _dppo("kl", settings_or_defaults(config.settings, DppoKlSettings), inputs, config)

@@ -283,6 +283,23 @@ def _importance_weights(log_ratio: torch.Tensor, mask: torch.Tensor, valid: torc
     return weights.detach(), metrics
 
 
+def _kl_statistic(clamped: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor, kl_option: str) -> torch.Tensor:
+    """rs_kl's statistic: the k2 or k3 KL estimate of each token (B, R), or its sum / mean / max over each row
+    (B,), from the clamped log-ratios."""
+    scope, estimator = kl_option.rsplit("_", 1)
+    if estimator == "k2":
+        token_kl = 0.5 * clamped.square()
+    else:  # k3
+        token_kl = torch.exp(clamped) - 1.0 - clamped
+    if scope == "token":
+        return token_kl
+    if scope == "seq_sum":
+        return masked_sum(token_kl, mask, dim=-1)
+    if scope == "seq_mean":
+        return masked_mean(token_kl, mask, dim=-1)
+    return _masked_max(token_kl, valid, dim=-1)  # seq_max
+
+
 def _rejection_keep(log_ratio: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor, level: str,
                     threshold_low: float | None, threshold_high: float | None, kl_option: str,
                     kl_threshold: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -315,20 +332,8 @@ def _rejection_keep(log_ratio: torch.Tensor, mask: torch.Tensor, valid: torch.Te
     if kl_option != "off":
         if kl_threshold is None or not kl_threshold > 0:
             raise ValueError(f"rs_kl={kl_option!r} needs rs_kl_threshold > 0, got {kl_threshold}")
-        scope, estimator = kl_option.rsplit("_", 1)
-        if estimator == "k2":
-            token_kl = 0.5 * clamped.square()
-        else:  # k3
-            token_kl = torch.exp(clamped) - 1.0 - clamped
-        if scope == "token":
-            stat = token_kl
-        elif scope == "seq_sum":
-            stat = masked_sum(token_kl, mask, dim=-1)
-        elif scope == "seq_mean":
-            stat = masked_mean(token_kl, mask, dim=-1)
-        else:  # seq_max
-            stat = _masked_max(token_kl, valid, dim=-1)
-        over = stat > kl_threshold
+        scope = kl_option.rsplit("_", 1)[0]
+        over = _kl_statistic(clamped, mask, valid, kl_option) > kl_threshold
         metrics["rs_kl_frac_high"] = share(over, scope != "token")
         keep = keep & (~over if scope == "token" else ~over.unsqueeze(-1))
 
@@ -343,7 +348,7 @@ def compute_rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: tor
                                is_threshold_low: float | None = None, is_batch_normalize: bool = False,
                                rs_level: str = "off", rs_threshold_high: float | None = None,
                                rs_threshold_low: float | None = None, rs_kl: str = "off",
-                               rs_kl_threshold: float | None = None) -> RolloutCorrection:
+                               rs_kl_threshold: float | None = None, diagnostics: bool = True) -> RolloutCorrection:
     """Importance weights and rejection mask for the rollout-trainer mismatch, with all its metrics.
 
     old_log_prob:     (B, R) trainer log-prob of each sampled token before the update (pi_old)
@@ -360,15 +365,17 @@ def compute_rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: tor
     rs_threshold_high, rs_threshold_low: the band (low defaults to 1 / high); required when rs_level is on
     rs_kl:            "off" or one of RS_KL_OPTIONS: reject a token / row whose k2 or k3 KL estimate
                       (per token, or its sum / mean / max over the row) exceeds rs_kl_threshold
-    Returns RolloutCorrection(weights (B, R) detached or None, mask (B, R), metrics): the metrics
-    always hold rollout_mismatch_metrics, plus is_* / rs_* ones for what is enabled. The weights use
-    every valid token of the original mask (rejected ones included), as verl does. With everything
+    diagnostics:      False leaves rollout_mismatch_metrics out of the metrics (a caller that takes them
+                      on their own, as the trainer does at the end of its step)
+    Returns RolloutCorrection(weights (B, R) detached or None, mask (B, R), metrics): the metrics hold
+    rollout_mismatch_metrics (with `diagnostics`), plus is_* / rs_* ones for what is enabled. The weights
+    use every valid token of the original mask (rejected ones included), as verl does. With everything
     off this is only the metrics, and mask equals response_mask.
     """
     _check_choice("is_level", is_level, CORRECTION_LEVELS)
     _check_choice("rs_level", rs_level, CORRECTION_LEVELS)
     _check_choice("rs_kl", rs_kl, RS_KL_OPTIONS)
-    metrics = rollout_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask)
+    metrics = rollout_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask) if diagnostics else {}
     log_ratio, mask, valid = _prepare(old_log_prob, rollout_log_prob, response_mask)
 
     weights = None

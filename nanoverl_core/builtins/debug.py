@@ -16,7 +16,7 @@ from torch import nn
 
 from ..algos import logprobs_from_logits
 from ..batch import RLBatch
-from ..config import Config
+from ..config import Config, settings_or_defaults
 from ..errors import DataError
 from ..rollout import SamplingParams, responses_to_batch
 from ..workers import NonFiniteError, TorchActor, TorchCritic, Workers, resolve_device
@@ -122,7 +122,7 @@ class DebugRollout:
         self.module = workers.actor.module
         self.device = workers.actor.device
         settings = config.rollout.settings  # a subclass registered under another name brings its own settings
-        self.returns_log_probs = settings.log_probs if isinstance(settings, DebugRolloutSettings) else False
+        self.returns_log_probs = settings_or_defaults(settings, DebugRolloutSettings).log_probs
 
     @torch.no_grad()
     def generate(self, batch: RLBatch, params: SamplingParams) -> RLBatch:
@@ -160,7 +160,7 @@ class DebugRollout:
 def make_workers(config: Config) -> Workers:
     tokenizer = CharTokenizer()
     device = resolve_device(config.trainer.device)
-    m = config.worker.settings or DebugModelSettings()
+    m = settings_or_defaults(config.worker.settings, DebugModelSettings)
     vocab = m.vocab_size or tokenizer.vocab_size
     torch.manual_seed(config.trainer.seed)
     policy = TinyCausalLM(vocab, m.hidden_size, m.num_layers).to(device)

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from ..config import settings_or_defaults
 from ..env import EnvStep, Turn, tool_environment
 from ..reward.calls import ground_truth_value
 from .debug_settings import CopyTurnsSettings
@@ -38,7 +39,7 @@ class CopyTurns:
 
 
 def copy_turns(sample: dict[str, Any], settings: CopyTurnsSettings | None = None) -> CopyTurns:
-    return CopyTurns(str(ground_truth_value(sample)).strip(), settings or CopyTurnsSettings())
+    return CopyTurns(str(ground_truth_value(sample)).strip(), settings_or_defaults(settings, CopyTurnsSettings))
 
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,

@@ -38,7 +38,7 @@ from typing import Any
 
 import attrs
 
-from ..config import at_least
+from ..config import at_least, settings_or_defaults
 
 FILE_NAME = "metrics.png"
 _VAL_SOURCE = re.compile(r"^val/(.+)/reward/mean$")  # val/<data_source>/reward/mean
@@ -60,7 +60,7 @@ def make_tracker(config: Any, run_dir: Path, state: dict | None) -> PlotTracker:
         settings = config.tracking.settings.get("plot")
     except AttributeError:
         pass
-    return PlotTracker(config, Path(run_dir), state, settings if isinstance(settings, PlotSettings) else None)
+    return PlotTracker(config, Path(run_dir), state, settings)
 
 
 def _plotted(key: str) -> bool:
@@ -83,7 +83,7 @@ class PlotTracker:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / FILE_NAME
         self.tmp_path = self.run_dir / (FILE_NAME + ".tmp")
-        self.every_s = (settings or PlotSettings()).every_s
+        self.every_s = settings_or_defaults(settings, PlotSettings).every_s
         self.trainer = getattr(config, "trainer", None)  # total_steps read at each draw (total_epochs sets it late)
         self.rows: dict[int, dict[str, float]] = {}  # step -> plotted metrics of that step
         self.last_step = 0

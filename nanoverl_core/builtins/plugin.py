@@ -34,8 +34,6 @@ def register_rewards(register):
 def register_trackers(register):
     register("console", f"{_HERE}.trackers:ConsoleTracker", description="progress bar or one log line per step")
     register("jsonl", f"{_HERE}.trackers:JsonlTracker", description="metrics.jsonl in the run directory")
-    register("mlflow", f"{_HERE}.mlflow_tracker:make_tracker", settings=f"{_HERE}.mlflow_settings:MlflowSettings",
-             description="MLflow tracking store (nanoverl[mlflow]; [tracking.mlflow] uri, experiment, run_name)")
     register("plot", f"{_HERE}.plot_tracker:make_tracker", settings=f"{_HERE}.plot_tracker:PlotSettings",
              description="metrics.png in the run directory: reward, validation, entropy, response length")
 

@@ -8,11 +8,11 @@
     rules.py       cross-field rules, one function per section (`Config.validate` runs them)
     structure.py   strict cattrs structuring and unknown-key checks, each mistake one `error:` line;
                    MOVED_KEYS, the keys that moved into a component's table
-    components.py  a selected component's own settings table, [<section>.<name>]
+    components.py  a selected component's own settings table, [<section>.<name>]; settings_or_defaults
     load.py        files and dotted overrides -> a validated Config; the caller passes the plugin registry
 """
 
-from .components import COMPONENTS, component_settings
+from .components import COMPONENTS, component_settings, settings_or_defaults
 from .domains import (Number, OutOfDomain, PathKind, above, at_least, between, data_files, finite, folder, model_source,
                       python_file)
 from .load import apply_override, config_from_dict, load_config
@@ -29,4 +29,4 @@ __all__ = ["COMPONENTS", "CORRECTION_LEVELS", "KL_ESTIMATORS", "LOSS_AGG_MODES",
            "WorkerConfig", "Number", "OutOfDomain", "PathKind", "above", "at_least", "between", "finite", "folder", "python_file",
            "data_files", "model_source",
            "apply_override", "component_settings", "config_from_dict", "drop_moved_keys",
-           "load_config"]
+           "load_config", "settings_or_defaults"]

@@ -8,7 +8,7 @@ validates it like the core's keys and puts it at `config.<section>.settings`.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -27,6 +27,16 @@ COMPONENTS: dict[str, str] = {"rollout": "rollout", "worker": "worker", "actor":
 """Config section -> the registry kind of the component(s) it selects. A component that registered a
 settings class (`register(..., settings=Cls)`) is configured in the table [<section>.<name>]; the
 selected one's settings object is `config.<section>.settings` (for trackers, a dict by name)."""
+
+
+S = TypeVar("S")
+
+
+def settings_or_defaults(settings: Any, cls: type[S]) -> S:
+    """A component's settings as `config.<section>.settings` holds them, or `cls()`, its defaults, where the
+    config holds none (None: the component was built by hand, or from a config of before its table) or
+    another component's (a test that hands one rollout's config to another)."""
+    return settings if isinstance(settings, cls) else cls()
 
 
 def selected_names(config: Config, section: str) -> list[str]:

@@ -490,7 +490,8 @@ class EnvironmentConfig:
 @attrs.define
 class TrackingConfig:
     trackers: list[str] = attrs.Factory(lambda: ["console", "jsonl", "plot"])
-    """Registered trackers: console, jsonl (metrics.jsonl), plot (metrics.png), mlflow (a tracking store)."""
+    """Registered trackers: console, jsonl (metrics.jsonl), plot (metrics.png); mlflow, tensorboard and wandb
+    from their plugins (nanoverl[mlflow], ...)."""
     settings: dict[str, Any] = attrs.field(factory=dict, init=False)
     """Each selected tracker's own settings by tracker name, written as [tracking.<name>] (the MLflow
     store, experiment and run name: [tracking.mlflow])."""

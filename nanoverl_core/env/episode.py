@@ -28,6 +28,7 @@ What `generate` returns, beyond a single-turn rollout's columns (nanoverl_core.r
                           all 0 for an episode whose environment failed
     num_turns (B,)        model turns (its presence marks a batch of episodes: nanoverl_core.batch.is_episodes)
     episode_failed (B,)   the environment failed (environment.on_error = "zero"): the row scores 0
+    episode_error         per row, the failure ("kind: message"), or None
     final_text            the last model turn's text, what [reward] scores (environment.score_answer)
     episode               per row, the turns in order: who said what, and each turn's reward
     episode_info          per row, the environment's counters summed over turns (tool_calls, ...)

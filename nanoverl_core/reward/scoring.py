@@ -11,21 +11,25 @@ function `(prompts, completions, **kwargs) -> list[float]` run unchanged), or se
 Where the calls run (`pool.py` the worker pool, on nanoverl_core.processes; `calls.py` the call conventions):
   * per-row rewards run in `reward.workers` worker processes (default), so a reward that hangs,
     segfaults, calls `os._exit` or leaks memory costs one call and one worker, never the run;
-  * `reward.workers = 0` calls them in the trainer process (debugging; a timeout then holds only in
-    the main thread, and a crash takes the run with it);
   * a *batched* reward (`fn.batched = True`: lists of prompts, responses and rows in, a list of
-    scores out, e.g. the reward model of nanoverl-hf) always runs in the trainer process, once per
-    step, so its model is loaded once and sits on the device it was given; so does a TRL reward
-    function (batched by contract; a None in its list scores 0, as in TRL's sum over functions).
+    scores out, e.g. the reward model of nanoverl-hf) runs once per step in one worker process of its
+    own (one for all batched rewards), so its model is loaded once and kept, and a crash or a hang
+    costs that step's call (each of its rows fails), not the run; so does a TRL reward function
+    (batched by contract; a None in its list scores 0, as in TRL's sum over functions);
+  * `reward.workers = 0`, and a function no worker can import (registered in code as a closure, or
+    from `__main__`), are called in the trainer process (a timeout then holds only in the main thread,
+    and a crash takes the run with it).
 
 Every failed call (raised, timed out, not a finite number, its worker died or ran out of memory)
 either stops the run naming the row (`reward.on_error = "raise"`, exit 2) or scores 0 and is counted
 in `reward/errors` (`reward/timeouts`, `reward/crashes`) (`"zero"`); either way the row, the
 response and the error go to `reward_errors.jsonl` in the run directory.
 
-The training stage (`score_batch`) also applies DAPO's soft overlong penalty
-(`reward.overlong_buffer_len`); masking truncated responses out of the loss (`algorithm.mask_truncated`)
-is the trainer's loss-mask stage, from the rollout's own `truncated` flags.
+`RewardScorer.score_batch` is the one way a batch is scored: the trainer's reward stage, ReMax's greedy
+baseline, validation and `nanoverl-train eval` (`nanoverl_core.testing.score_texts` scores plain texts
+through it). Training and the baseline add DAPO's soft overlong penalty (`reward.overlong_buffer_len`);
+masking truncated responses out of the loss (`algorithm.mask_truncated`) is the trainer's loss-mask stage,
+from the rollout's own `truncated` flags.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import json
 import signal
 import sys
 import threading
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -43,7 +48,7 @@ import torch
 from ..batch import RLBatch, is_episodes, model_tokens
 from ..config import RewardConfig
 from ..dist import gather_dicts, rank_rows
-from ..errors import RewardError
+from ..errors import NanoverlDeprecation, RewardError
 from ..plugins import Registry
 from ..rollout import decode_responses
 from .calls import (BATCHED_STYLES, CallError, CallTimeout, ComponentSpec, call_batched, call_checked, call_style,
@@ -73,6 +78,11 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, facto
     * factor, 0) for each response length L (B,); 0 inside max_len - buffer_len, -factor at max_len."""
     exceed = lengths.float() - (max_len - buffer_len)
     return torch.clamp(-exceed / buffer_len * factor, max=0.0)
+
+
+_OLD_ENTRY = ("RewardScorer.{} is deprecated since nanoverl 0.3.0 and goes in 0.4.0: score_batch(batch, tokenizer, "
+              "step, phase=...) is the one entry point (nanoverl_core.testing.score_texts scores plain texts through "
+              "it; CHANGELOG.md)")
 
 
 def _alarm(_signum, _frame):
@@ -168,17 +178,80 @@ class RewardScorer:
         self._pool = self._batch_pool = None
 
     # ---- scoring ----------------------------------------------------------------------------------------
-    def score(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train",
-              step: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """Sequence scores (B,) and metrics: reward/errors, reward/timeouts, reward/crashes, the batch mean
-        of every extra key a reward returns (reward/<key>; with components reward/<name>/<key>) and, with
-        components, each one's mean (reward/<name>/mean)."""
-        scores, metrics, _ = self.score_components(batch, response_texts, phase=phase, step=step)
-        return scores, metrics
+    def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None, *,
+                    phase: str = "train") -> tuple[RLBatch, dict[str, float]]:
+        """The one way a batch is scored: the trainer's reward stage (phase "train"), ReMax's greedy baseline
+        ("baseline") and validation and `nanoverl-train eval` ("val").
+
+        Each row's response (decoded with `tokenizer`; a multi-turn episode's last model turn) is scored by
+        [reward] (an episode's answer score is 0 with score_answer off, and for an episode whose environment
+        failed). Returns the columns response_text, score (B,) and token_level_scores (B, R), each score on
+        its row's last response token (an episode's: its last model token, plus each environment reward on
+        the turn it answered; its score is their sum), with the overlong penalty
+        (reward.overlong_buffer_len) added in training and the baseline, not in validation; with
+        [[reward.components]] also component_scores and component_weights (B, K), each component's own
+        score (before its weight) and its weight. And the metrics: reward/mean, reward/std, reward/errors,
+        reward/timeouts, reward/crashes, the batch mean of every extra key a reward returns (reward/<key>;
+        with components reward/<name>/<key>) and, with components, each one's mean (reward/<name>/mean)."""
+        texts = decode_responses(tokenizer, batch)
+        scores, metrics, components = self._answer_scores(batch, texts, phase, step)
+        mask = batch["response_mask"]
+        if self.max_new_tokens and self.cfg.overlong_buffer_len and phase != "val":
+            penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,
+                                       self.cfg.overlong_penalty_factor)
+            scores = scores + penalty
+            metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
+        token_scores = place_scores(scores, model_tokens(batch) if is_episodes(batch) else mask)  # an episode's: its last model token
+        if is_episodes(batch):
+            token_scores = token_scores + batch["turn_rewards"]
+            scores = token_scores.sum(-1)
+        metrics["reward/mean"] = float(scores.mean())
+        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
+        tensors = {"score": scores, "token_level_scores": token_scores}
+        if self.cfg.components:
+            weights = torch.tensor([spec.weight for spec in self.specs], dtype=torch.float32)
+            tensors.update(component_scores=components, component_weights=weights.expand(len(scores), -1).clone())
+        return RLBatch(tensors, {"response_text": texts}), metrics
+
+    # ---- 0.2.0's entry points: deprecated, they go in 0.4.0 ---------------------------------------------
+    def score(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train", step: int | None = None):
+        """Deprecated: (scores (B,), metrics) of `response_texts`; `nanoverl_core.testing.score_texts` does this."""
+        warnings.warn(_OLD_ENTRY.format("score(batch, texts)"), NanoverlDeprecation, stacklevel=2)
+        return self._call_rewards(batch, response_texts, phase, step)[:2]
 
     def score_components(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train",
-                         step: int | None = None) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        """`score`, plus each component's own score (B, K) (0 for a failed call; K = 1 without components).
+                         step: int | None = None):
+        """Deprecated: `score`, and each component's score (B, K)."""
+        warnings.warn(_OLD_ENTRY.format("score_components(batch, texts)"), NanoverlDeprecation, stacklevel=2)
+        return self._call_rewards(batch, response_texts, phase, step)
+
+    def score_responses(self, batch: RLBatch, tokenizer, *, phase: str = "train", step: int | None = None):
+        """Deprecated: (answer scores (B,), response texts, metrics); `score_batch` gives them as columns."""
+        warnings.warn(_OLD_ENTRY.format("score_responses(batch, tokenizer)"), NanoverlDeprecation, stacklevel=2)
+        texts = decode_responses(tokenizer, batch)
+        scores, metrics, _ = self._answer_scores(batch, texts, phase, step)
+        return scores, texts, metrics
+
+    def _answer_scores(self, batch: RLBatch, texts: list[str], phase: str, step: int | None
+                       ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """[reward] on each row's response text: scores (B,), metrics and each component's score (B, K); for a
+        multi-turn episode 0 with score_answer off and for an episode whose environment failed (which also goes
+        to reward_errors.jsonl). The environment's rewards are the batch's `turn_rewards`."""
+        episodes = is_episodes(batch)
+        if episodes and not self.score_answer:
+            scores, metrics, components = torch.zeros(len(batch)), {}, torch.zeros(len(batch), len(self.specs))
+        else:
+            scores, metrics, components = self._call_rewards(batch, texts, phase, step)
+        if episodes and bool(batch["episode_failed"].any()):
+            scores = scores.masked_fill(batch["episode_failed"], 0.0)
+            components = components.masked_fill(batch["episode_failed"][:, None], 0.0)
+            self._write_episode_failures(batch, phase, step)
+        return scores, metrics, components
+
+    def _call_rewards(self, batch: RLBatch, response_texts: list[str], phase: str, step: int | None
+                      ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """Every configured reward on every row: scores (B,), metrics, each component's own score (B, K) (0 for
+        a failed call; K = 1 without components).
 
         Under torchrun each rank calls the rewards on its own share of the rows (`dist.rank_rows`; a
         batched reward, such as a reward model, gets that share as its batch) and the outcomes are
@@ -198,18 +271,23 @@ class RewardScorer:
         if batched and mine:
             outcomes.update(self._run_batched(batched, args, mine, stop))
         for c in range(len(self.specs)):
-            if c in pooled:
-                continue
-            if self.styles[c] in BATCHED_STYLES:
-                calls = [args[i] for i in mine]
-                outcomes.update(zip([(i, c) for i in mine], call_batched(self.fns[c], self.styles[c], self.specs[c],
-                                                                         calls, self.prompt_key)))
-                continue
-            for i in mine:
-                outcomes[(i, c)] = self._in_process(c, args[i])
-                if stop and outcomes[(i, c)][0] != "ok":
-                    break
+            if c not in pooled:
+                outcomes.update(self._run_here(c, args, mine, stop))
         return self._combine(batch, response_texts, gather_dicts(outcomes), phase, step)
+
+    def _run_here(self, c: int, args: list[tuple], mine: list[int], stop: bool) -> dict:
+        """Outcomes by (row, component) of component c called in this process: a batched one once, a per-row
+        one row by row (stopping at the first failure under reward.on_error = "raise")."""
+        if self.styles[c] in BATCHED_STYLES:
+            calls = [args[i] for i in mine]
+            return dict(zip([(i, c) for i in mine], call_batched(self.fns[c], self.styles[c], self.specs[c], calls,
+                                                                 self.prompt_key)))
+        outcomes = {}
+        for i in mine:
+            outcomes[(i, c)] = self._in_process(c, args[i])
+            if stop and outcomes[(i, c)][0] != "ok":
+                break
+        return outcomes
 
     def _combine(self, batch, texts, outcomes, phase, step) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         n, many = len(texts), len(self.specs) > 1
@@ -262,65 +340,12 @@ class RewardScorer:
                               "response": texts[i], "row": batch["row"][i]}
                              for (i, c), (kind, message, _) in failures])
 
-    def score_responses(self, batch: RLBatch, tokenizer, *, phase: str = "train",
-                        step: int | None = None) -> tuple[torch.Tensor, list[str], dict[str, float]]:
-        """(answer scores (B,), response texts, metrics): [reward] on each row's response, for a multi-turn
-        episode its last model turn (0 with score_answer off, and for an episode whose environment failed,
-        which also goes to reward_errors.jsonl). The environment's rewards are the batch's `turn_rewards`."""
-        scores, texts, metrics, _ = self._score_responses(batch, tokenizer, phase, step)
-        return scores, texts, metrics
-
-    def _score_responses(self, batch, tokenizer, phase, step) -> tuple[torch.Tensor, list[str], dict, torch.Tensor]:
-        """`score_responses` and each component's score (B, K)."""
-        texts = decode_responses(tokenizer, batch)
-        episodes = is_episodes(batch)
-        if episodes and not self.score_answer:
-            scores, metrics, components = torch.zeros(len(batch)), {}, torch.zeros(len(batch), len(self.specs))
-        else:
-            scores, metrics, components = self.score_components(batch, texts, phase=phase, step=step)
-        if episodes and bool(batch["episode_failed"].any()):
-            scores = scores.masked_fill(batch["episode_failed"], 0.0)
-            components = components.masked_fill(batch["episode_failed"][:, None], 0.0)
-            self._write_episode_failures(batch, phase, step)
-        return scores, texts, metrics, components
-
-    def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None, *,
-                    phase: str = "train") -> tuple[RLBatch, dict[str, float]]:
-        """The trainer's reward stage: response_text, score (B,) and token_level_scores (B, R), each score on
-        its row's last response token (a multi-turn episode's: its last model token, plus each environment
-        reward on the turn it answered), with the overlong penalty (reward.overlong_buffer_len) added.
-        With [[reward.components]] also component_scores and component_weights (B, K): each component's
-        own score (before its weight) and its weight, on every row."""
-        scores, texts, metrics, components = self._score_responses(batch, tokenizer, phase, step)
-        mask = batch["response_mask"]
-        if self.max_new_tokens and self.cfg.overlong_buffer_len:
-            penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,
-                                       self.cfg.overlong_penalty_factor)
-            scores = scores + penalty
-            metrics["reward/overlong_penalty/mean"] = float(penalty.mean())
-        token_scores = place_scores(scores, model_tokens(batch) if is_episodes(batch) else mask)  # an episode's: its last model token
-        if is_episodes(batch):
-            token_scores = token_scores + batch["turn_rewards"]
-            scores = token_scores.sum(-1)
-        metrics["reward/mean"] = float(scores.mean())
-        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        tensors = {"score": scores, "token_level_scores": token_scores}
-        if self.cfg.components:
-            weights = torch.tensor([spec.weight for spec in self.specs], dtype=torch.float32)
-            tensors.update(component_scores=components, component_weights=weights.expand(len(scores), -1).clone())
-        return RLBatch(tensors, {"response_text": texts}), metrics
-
     def _write_episode_failures(self, batch: RLBatch, phase: str, step: int | None) -> None:
         """Each failed episode (environment.on_error = "zero"), with its turns."""
         self._append_errors([{"phase": phase, "step": step, "index": batch["index"][i], "reward": "environment",
                               "kind": error.split(": ", 1)[0], "message": error.split(": ", 1)[1],
                               "prompt": batch["prompt_text"][i], "episode": batch["episode"][i], "row": batch["row"][i]}
                              for i, error in enumerate(batch["episode_error"]) if error is not None])
-
-
-def with_episode_rewards(scores: torch.Tensor, batch: RLBatch) -> torch.Tensor:
-    """(B,) answer scores plus each multi-turn episode's environment rewards (0 for a failed episode)."""
-    return scores + batch["turn_rewards"].sum(-1) if is_episodes(batch) else scores
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

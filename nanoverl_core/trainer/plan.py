@@ -21,18 +21,21 @@ class StagePlan:
     on_policy: bool
     """One optimizer step per batch and no reference: pi_old *is* the policy being updated, so the
     update takes its old log-probs from its own forward pass (detached), and `actor.update` is told so."""
-    old_log_probs: Literal["none", "pass", "pass_with_sum_pi_squared"]
-    """Step 5. "none": nothing reads pi_old before the update (on-policy), so the pass costs nothing;
-    "pass": `actor.compute_log_probs`; "pass_with_sum_pi_squared": the actor's
-    `compute_log_probs_and_sum_pi_squared` (an estimator that reads sum pi^2, the optimal token baseline)."""
+    old_log_probs: Literal["none", "pass", "pass_with_sum_pi_squared", "from_update"]
+    """Step 5, pi_old's log-probs. "pass": `actor.compute_log_probs`; "pass_with_sum_pi_squared": the
+    actor's `compute_log_probs_and_sum_pi_squared` (an estimator that reads sum pi^2, the optimal token
+    baseline); "none": nothing reads them but the on-policy update, which takes them from its own forward;
+    "from_update": the rollout-mismatch metrics read them too, and the on-policy update returns them
+    (`actor.on_policy_update`): no pass either way."""
     reference: bool
     """Step 6: the reference's log-probs (reference.enable)."""
     critic: bool
     """Step 6's values and step 8's critic update (critic.enable)."""
-    mismatch: Literal["none", "before_update", "from_update"]
-    """Step 6b, the rollout_corr/ metrics of the engine's log-probs against pi_old's. "none": the rollout
-    returns no log-probs; "before_update": from the old log-probs pass (rollout correction, when on, weights
-    the loss with them); "from_update": from the on-policy update's own forward (`update_log_probs`)."""
+    rollout_correction: bool
+    """Step 6b: importance weights and rejection against the engine's log-probs, before the update, whose
+    loss they weight (algorithm.rollout_correction)."""
+    mismatch: bool
+    """Step 11's rollout_corr/ metrics: the engine's log-probs against pi_old's (the rollout returns them)."""
     greedy_baseline: bool
     """Step 4c: one greedy response per prompt, scored (an estimator that reads `reward_baselines`: ReMax)."""
     actor_update: bool = True
@@ -41,13 +44,14 @@ class StagePlan:
     def describe(self) -> dict[str, str]:
         """Each stage and how it runs, as --dry-run prints it."""
         return {"old_log_probs": {"none": "from the on-policy update's forward (no pass)",
+                                  "from_update": "returned by the on-policy update, from its forward (no pass)",
                                   "pass": "a separate pass before the update",
                                   "pass_with_sum_pi_squared": "a separate pass, with sum pi^2"}[self.old_log_probs],
                 "ref_log_probs": "a pass" if self.reference else "off",
                 "values": "a pass, and a critic update" if self.critic else "off",
-                "rollout_mismatch": {"none": "off (the rollout returns no log-probs)",
-                                     "before_update": "from the old log-probs, before the update",
-                                     "from_update": "from the update's forward"}[self.mismatch],
+                "rollout_correction": "weights and rejection before the update" if self.rollout_correction else "off",
+                "rollout_mismatch": "the engine's log-probs against pi_old, after the update" if self.mismatch
+                else "off (the rollout returns no log-probs)",
                 "greedy_baseline": "one greedy response per prompt" if self.greedy_baseline else "off",
                 "actor_update": "on-policy (one optimizer step)" if self.on_policy else "PPO epochs over mini-batches"}
 
@@ -64,12 +68,13 @@ def plan_step(config: Config, estimator: Any, *, reference: bool, critic: bool, 
                           "policy's sum of pi^2 per token, but worker.name = "
                           f"{config.worker.name!r} has no compute_log_probs_and_sum_pi_squared; use a worker whose "
                           "actor has it (a TorchActor: workers debug, hf, fsdp) or another estimator")
-    keeps_log_probs = actor is None or hasattr(actor, "update_log_probs")
-    from_update = (on_policy and actor_update and keeps_log_probs and not sum_pi_squared
-                   and not config.algorithm.rollout_correction.enabled)
-    mismatch = "none" if not rollout_log_probs else "from_update" if from_update else "before_update"
-    old = ("pass_with_sum_pi_squared" if sum_pi_squared
-           else "pass" if not on_policy or mismatch == "before_update" else "none")
-    return StagePlan(on_policy=on_policy, old_log_probs=old, reference=reference, critic=critic, mismatch=mismatch,
+    correction = rollout_log_probs and config.algorithm.rollout_correction.enabled
+    returns_log_probs = actor is None or hasattr(actor, "on_policy_update")
+    from_update = (on_policy and actor_update and rollout_log_probs and returns_log_probs and not sum_pi_squared
+                   and not correction)
+    old = ("pass_with_sum_pi_squared" if sum_pi_squared else "from_update" if from_update
+           else "pass" if not on_policy or rollout_log_probs else "none")
+    return StagePlan(on_policy=on_policy, old_log_probs=old, reference=reference, critic=critic,
+                     rollout_correction=correction, mismatch=rollout_log_probs,
                      greedy_baseline=bool(getattr(estimator, "requires_greedy_baseline", False)),
                      actor_update=actor_update)

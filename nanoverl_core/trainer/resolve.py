@@ -11,6 +11,7 @@ from ..config import Config, component_settings
 from ..errors import ConfigError, DataError, PluginError, UserError
 from ..plugins import Registry, install_hint
 from ..reward import RewardScorer
+from ..workers.forward import planned
 from .plan import plan_step
 
 
@@ -152,6 +153,8 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
     facts = dict(reference=config.reference.enable, critic=config.critic.enable,
                  rollout_log_probs=rollout_log_probs(config))
     out["step_plan"] = plan_step(config, plugins["estimator"], **facts).describe()
+    for key in ("actor", "critic") if config.critic.enable else ("actor",):   # the reference's is the actor's
+        out["step_plan"][f"{key}_forward"] = planned(config, key)
     if config.model.compute_dtype == "auto":
         from ..workers.precision import pick_compute_dtype
         dtype, why = pick_compute_dtype(config.trainer.device)

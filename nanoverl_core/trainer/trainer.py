@@ -4,18 +4,19 @@
     2. expand each prompt n times         8. update the critic
     3. rollout                            9. update the actor
     4. reward                            10. sync rollout weights
-    5. old log-probs                     11. log, validate, checkpoint
+    5. old log-probs                     11. log (with the rollout mismatch), validate, checkpoint
     6. reference log-probs and values
 
 With algorithm.filter_groups, steps 1-4 run in rounds until the batch holds data.batch_size groups
 whose scores differ (`generate_until_full`, DAPO's dynamic sampling). An estimator that reads a greedy
 baseline (ReMax) gets one greedy response per prompt of the kept groups, scored (4c, `greedy_baseline` in baseline.py).
 
-Each stage is one named call, timed into ``timing/<stage>``, that returns what it adds to the batch;
-the step assigns it. What the rollout reports (``response_mask``, an episode's ``model_mask``) never
-changes; ``loss_mask`` (what the update counts) is derived at 4b and narrowed by rollout correction
-(each column: nanoverl_core/batch.py). Everything the step needs is resolved from the registry before the
-first model loads, and which optional passes it runs is decided then too (`plan.py`, printed by --dry-run).
+Each stage is one named call, timed into ``timing/<stage>``, that takes what it needs and returns what it
+adds to the batch; the step assigns it. What the rollout reports (``response_mask``, an episode's
+``model_mask``) never changes; ``loss_mask`` (what the update counts) is derived at 4b and narrowed by
+rollout correction (6b; each column: nanoverl_core/batch.py). Everything the step needs is resolved from
+the registry before the first model loads, and which optional passes it runs is decided then too
+(`plan.py`, printed by --dry-run).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import attrs
 import torch
 
 from ..algos import (apply_kl_penalty, compute_rollout_correction, filter_uniform_groups, first_groups, kl_penalty,
-                     make_kl_controller, masked_mean)
+                     make_kl_controller, masked_mean, rollout_mismatch_metrics)
 from ..batch import RLBatch, derive_loss_mask, is_episodes
 from ..config import Config
 from ..data import PromptLoader, load_split
@@ -128,22 +129,22 @@ class Trainer:
         success = False
         try:
             if cfg.eval_before_after and self.step == 0:
-                eval_before_after(self, "before")
+                self.eval_table("before")
             if cfg.val_before_train and self.step == 0 and self.val_data is not None:
-                self._tracker_call("log_metrics", validate(self), 0)
+                self._tracker_call("log_metrics", self.validate(), 0)
             while self.step < cfg.total_steps:
                 self.step += 1
                 metrics = self.train_step()
                 last = self.step == cfg.total_steps
                 if self.val_data is not None and cfg.val_every and (self.step % cfg.val_every == 0 or last):
-                    metrics.update(validate(self))
+                    metrics.update(self.validate())
                     release_free_heap()     # as after each update: the next step (or the eval) does not sit on it
                 self._tracker_call("log_metrics", metrics, self.step)
                 if last or (cfg.save_every and self.step % cfg.save_every == 0):
                     self.save()
                     release_free_heap()
             if cfg.eval_before_after:
-                eval_before_after(self, "after")
+                self.eval_table("after")
             success = True
         except RolloutError as exc:
             saved = complete_checkpoints(checkpoint_root(cfg.output_dir))
@@ -166,8 +167,8 @@ class Trainer:
                 print(f"warning: step {self.step}: every group had equal rewards in "
                       f"{metrics['filter/rounds']:.0f} rounds; no update", file=sys.stderr)
                 return {**metrics, **{f"timing/{k}": v for k, v in timing.items()}}
-            if plan.greedy_baseline:
-                metrics.update(added(batch, greedy_baseline(self, batch, timing)))   # 4c. ReMax's baseline
+            if plan.greedy_baseline:                                            # 4c. ReMax's baseline
+                metrics.update(added(batch, self.greedy_baseline(batch, timing)))
             with timed(timing, "old_log_probs"):                                # 5. (~0 s on-policy: the
                 batch.update(self.old_log_probs(batch, plan))                   #    update's own forward)
             if plan.reference:
@@ -176,9 +177,9 @@ class Trainer:
             if plan.critic:
                 with timed(timing, "values"):
                     batch["values"] = workers.critic.compute_values(batch)
-            if plan.mismatch == "before_update":
+            if plan.rollout_correction:
                 with timed(timing, "rollout_correction"):
-                    metrics.update(added(batch, self.correct_rollout(batch)))   # 6b. mismatch, IS, rejection
+                    metrics.update(added(batch, self.correct_rollout(batch)))   # 6b. IS weights, rejection
             with timed(timing, "advantages"):
                 metrics.update(added(batch, self.compute_advantages(batch)))    # 7.
             with self.nonfinite_guard(metrics):
@@ -186,14 +187,13 @@ class Trainer:
                     with timed(timing, "critic_update"):
                         metrics.update(workers.critic.update(batch))            # 8.
                 if plan.actor_update:
-                    keep = {"keep_log_probs": True} if plan.mismatch == "from_update" else {}
-                    with timed(timing, "actor_update"):                         # 9.
-                        metrics.update(workers.actor.update(batch, self.policy_loss, on_policy=plan.on_policy, **keep))
-                    if plan.mismatch == "from_update":
-                        with timed(timing, "rollout_correction"):               # 6b. from the update's forward
-                            metrics.update(self.correct_rollout(batch, workers.actor.update_log_probs)[1])
+                    with timed(timing, "actor_update"):                         # 9. (on-policy: pi_old's
+                        metrics.update(added(batch, self.update_actor(batch, plan)))  # log-probs with it)
                     with timed(timing, "weight_sync"):
                         self.rollout.sync_weights(workers.actor)                # 10.
+            if plan.mismatch and "old_log_probs" in batch:                      # (absent: the update was skipped)
+                with timed(timing, "rollout_correction"):
+                    metrics.update(self.rollout_mismatch(batch))                # 11. the engine against pi_old
             release_free_heap()                          # the update's freed activations go back before the rollout
         metrics.update(batch_metrics(batch, timing, metrics))                   # 11. (logged by fit)
         if self.config.model.compile:
@@ -255,12 +255,17 @@ class Trainer:
                       "rollout/filtered_groups": float(dropped), "filter/rounds": float(len(rounds)),
                       "filter/kept_groups": float(kept_groups), "filter/batch_full": float(kept_groups == size)}
 
+    def greedy_baseline(self, batch: RLBatch, timing: dict[str, float]) -> tuple[RLBatch, dict[str, float]]:
+        """Step 4c: reward_baselines (B,), each prompt's greedy response scored (baseline.py), and remax/ metrics."""
+        return greedy_baseline(batch, self.rollout, self.reward, self.tokenizer, self.sampling(),
+                               self.config.trainer.seed, self.step, timing)
+
     def next_batch(self) -> RLBatch:
         return self.loader.next_batch(self.tokenizer.pad_token_id)
 
     def old_log_probs(self, batch: RLBatch, plan) -> RLBatch:
         """old_log_probs (B, R), and sum_pi_squared (B, R) for an estimator that reads it; nothing when the
-        on-policy update takes pi_old from its own forward (plan.old_log_probs = "none")."""
+        on-policy update takes pi_old from its own forward (plan.old_log_probs "none" or "from_update")."""
         actor = self.workers.actor
         if plan.old_log_probs == "pass_with_sum_pi_squared":
             old, sum_pi_squared = actor.compute_log_probs_and_sum_pi_squared(batch)
@@ -277,25 +282,30 @@ class Trainer:
                                                    row_seeds=not params.greedy, pad_token_id=self.tokenizer.pad_token_id,
                                                    seed=seed), self.config.rollout.name)
 
-    def sampling(self, validation: bool = False) -> SamplingParams:
+    def sampling(self) -> SamplingParams:
+        """How the training rollout samples (rollout.*; validation's are rollout.val_*: validation.py)."""
         r = self.config.rollout
-        return SamplingParams(max_new_tokens=r.max_new_tokens, top_p=r.top_p, top_k=r.top_k,
-                              temperature=r.val_temperature if validation else r.temperature)
+        return SamplingParams(max_new_tokens=r.max_new_tokens, top_p=r.top_p, top_k=r.top_k, temperature=r.temperature)
 
     def score(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
         """response_text, score (B,) and token_level_scores (B, R), each score on its row's last response
-        token (and the overlong penalty): `RewardScorer.score_batch` in reward.py."""
+        token (and the overlong penalty): `RewardScorer.score_batch` (reward/scoring.py)."""
         return self.reward.score_batch(batch, self.tokenizer, self.step)
 
-    def correct_rollout(self, batch: RLBatch, old_log_probs: torch.Tensor | None = None) -> tuple[RLBatch, dict[str, float]]:
-        """rollout_corr/ metrics of the engine's log-probs against the trainer's (batch["old_log_probs"], or
-        those given); with algorithm.rollout_correction on, rollout_is_weights (B, R) and a loss_mask
-        without rejected tokens."""
-        old = batch["old_log_probs"] if old_log_probs is None else old_log_probs
-        rc = compute_rollout_correction(old, batch["rollout_log_probs"], batch["loss_mask"],
-                                        **attrs.asdict(self.config.algorithm.rollout_correction))
+    def correct_rollout(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
+        """Step 6b (algorithm.rollout_correction on): rollout_is_weights (B, R) and a loss_mask without the
+        rejected tokens, from pi_old's log-probs against the engine's; the is_/rs_ rollout_corr/ metrics."""
+        rc = compute_rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], batch["loss_mask"],
+                                        **attrs.asdict(self.config.algorithm.rollout_correction), diagnostics=False)
         weights = {} if rc.weights is None else {"rollout_is_weights": rc.weights}
         return RLBatch({"loss_mask": rc.mask, **weights}), {k: float(v) for k, v in rc.metrics.items()}
+
+    def rollout_mismatch(self, batch: RLBatch) -> dict[str, float]:
+        """The rollout_corr/ diagnostics of the engine's log-probs against pi_old's (old_log_probs: the pass's
+        or the on-policy update's) over the tokens stage 4b counts, rejected ones included."""
+        counted = derive_loss_mask(batch, self.config.algorithm.mask_truncated)
+        metrics = rollout_mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], counted)
+        return {k: float(v) for k, v in metrics.items()}
 
     def compute_advantages(self, batch: RLBatch) -> tuple[RLBatch, dict[str, float]]:
         """token_level_rewards (scores minus the in-reward KL, if on), advantages and returns (B, R)."""
@@ -311,6 +321,27 @@ class Trainer:
         advantages, returns = self.estimator(with_rewards, alg)
         metrics["advantages/mean"] = float(masked_mean(advantages, batch["loss_mask"]))
         return RLBatch({"token_level_rewards": rewards, "advantages": advantages, "returns": returns}), metrics
+
+    def update_actor(self, batch: RLBatch, plan) -> tuple[RLBatch, dict[str, float]]:
+        """Step 9: the actor's update and its metrics; an on-policy update whose log-probs the mismatch
+        metrics read (plan.old_log_probs "from_update") returns them as old_log_probs (pi_old, no pass)."""
+        actor = self.workers.actor
+        if plan.old_log_probs == "from_update":
+            metrics, old_log_probs = actor.on_policy_update(batch, self.policy_loss)
+            return RLBatch({"old_log_probs": old_log_probs}), metrics
+        return RLBatch(), actor.update(batch, self.policy_loss, on_policy=plan.on_policy)
+
+    # ---- validation ----------------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """The val/ metrics of the policy at this step; its samples go to the trackers."""
+        metrics, samples = validate(self.config, self.rollout, self.tokenizer, self.reward, self.val_data, self.step)
+        self._tracker_call("log_samples", "val", samples, self.step)
+        return metrics
+
+    def eval_table(self, when: str) -> None:
+        """trainer.eval_before_after: the eval table "before" the first step or "after" the last (eval.json)."""
+        eval_before_after(self.config, self.rollout, self.tokenizer, self.reward, self.val_data, self.run_dir,
+                          self.step, when)
 
     # ---- outputs -------------------------------------------------------------------------------------
     def _tracker_call(self, method: str, *args) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +22,6 @@ import torch
 from ..batch import is_episodes
 from ..data import collate
 from ..env import episode_metrics
-from ..reward.scoring import with_episode_rewards
 from ..rollout import SamplingParams, check_rollout_columns
 from ..dist import fork_rng, is_rank0
 
@@ -68,8 +68,8 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             batch["uid"] = [f"val-{i}" for i in indices]
             batch = batch.repeat_interleave(n)
             batch.update(check_rollout_columns(rollout.generate(batch, params), config.rollout.name))
-            scores, texts, reward_metrics = scorer.score_responses(batch, tokenizer, phase="val", step=step)
-            scores = with_episode_rewards(scores, batch)
+            scored, reward_metrics = scorer.score_batch(batch, tokenizer, step, phase="val")
+            scores, texts = scored["score"], scored["response_text"]   # an episode's: with its environment's rewards
             for key in ("reward/errors", "reward/timeouts", "reward/crashes"):
                 failures[key] += reward_metrics.get(key, 0.0)
             if is_episodes(batch):
@@ -81,12 +81,8 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             bests += per_prompt.max(1).values.tolist()
             for source, score in zip(batch["data_source"], scores.tolist()):
                 by_source[source].append(score)
-            every = keep < 0
-            samples += [{**({"index": batch["index"][i], "data_source": batch["data_source"][i]} if every else {}),
-                         "prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i]),
-                         **({"episode": batch["episode"][i]} if is_episodes(batch) else {}),
-                         **({"row": batch["row"][i]} if every else {})}
-                        for i in range(len(batch) if every else min(keep - len(samples), len(batch)))]
+            count = len(batch) if keep < 0 else min(keep - len(samples), len(batch))
+            samples += _sample_rows(batch, texts, scores, count, every=keep < 0)
             if progress is not None:
                 progress(len(indices))
     metrics = {"reward/mean": sum(means) / len(means), f"reward/best@{n}": sum(bests) / len(bests), **failures}
@@ -97,14 +93,23 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
     return metrics, samples
 
 
-def validate(trainer) -> dict[str, float]:
-    """val/reward/mean (mean@n), val/reward/best@n, and val/<data_source>/reward/mean; samples go to the trackers."""
-    cfg = trainer.config
-    n = cfg.rollout.val_n if cfg.rollout.val_temperature > 0 else 1     # greedy samples would all be the same
-    metrics, samples = evaluate(cfg, trainer.rollout, trainer.tokenizer, trainer.reward, trainer.val_data,
-                                trainer.sampling(validation=True), n, cfg.trainer.seed + trainer.step, trainer.step)
-    trainer._tracker_call("log_samples", "val", samples, trainer.step)
-    return {f"val/{key}": value for key, value in metrics.items()}
+def _sample_rows(batch, texts: list[str], scores: torch.Tensor, count: int, every: bool) -> list[dict]:
+    """The first `count` scored samples as rows: prompt, response, score (an episode's turns); `every` (eval
+    --samples) adds each one's data row, its index and its data source."""
+    return [{**({"index": batch["index"][i], "data_source": batch["data_source"][i]} if every else {}),
+             "prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i]),
+             **({"episode": batch["episode"][i]} if is_episodes(batch) else {}),
+             **({"row": batch["row"][i]} if every else {})} for i in range(count)]
+
+
+def validate(config, rollout, tokenizer, scorer, data, step: int) -> tuple[dict[str, float], list[dict]]:
+    """val/reward/mean (mean@n), val/reward/best@n and val/<data_source>/reward/mean of the policy at `step`
+    on `data`, sampled as rollout.val_* say; and the sample rows for the trackers (`Tracker.log_samples`)."""
+    r = config.rollout
+    n = r.val_n if r.val_temperature > 0 else 1     # greedy samples would all be the same
+    params = SamplingParams(r.max_new_tokens, temperature=r.val_temperature, top_p=r.top_p, top_k=r.top_k)
+    metrics, samples = evaluate(config, rollout, tokenizer, scorer, data, params, n, config.trainer.seed + step, step)
+    return {f"val/{key}": value for key, value in metrics.items()}, samples
 
 
 def eval_decodings(config, rollout, tokenizer, scorer, data, samples: list[dict] | None = None,
@@ -171,17 +176,16 @@ def format_eval(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def eval_before_after(trainer, when: str) -> None:
-    """The eval table of the current policy, printed (to stderr) and stored as eval.json[when] in the run
-    directory ("before": the policy at step 0, kept across resumes; "after": at the last step)."""
-    cfg = trainer.config
-    results = eval_decodings(cfg, trainer.rollout, trainer.tokenizer, trainer.reward, trainer.val_data)
+def eval_before_after(config, rollout, tokenizer, scorer, data, run_dir: Path, step: int, when: str) -> None:
+    """The eval table of the policy at `step` on `data`, printed (to stderr) and stored as eval.json[when] in
+    `run_dir` ("before": the policy at step 0, kept across resumes; "after": at the last step)."""
+    results = eval_decodings(config, rollout, tokenizer, scorer, data)
     if not is_rank0():
         return
-    path = trainer.run_dir / "eval.json"
+    path = run_dir / "eval.json"
     stored = json.loads(path.read_text()) if path.is_file() else {}
-    stored[when] = {"model": cfg.model.path or cfg.worker.name, "checkpoint": None if when == "before" else
-                    f"step {trainer.step}", "step": trainer.step, "prompts": len(trainer.val_data), "results": results}
+    stored[when] = {"model": config.model.path or config.worker.name, "checkpoint": None if when == "before" else
+                    f"step {step}", "step": step, "prompts": len(data), "results": results}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(stored, indent=2))
     tmp.replace(path)

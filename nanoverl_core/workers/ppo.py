@@ -1,54 +1,34 @@
 """The PPO mechanics every backend shares: `TorchActor` and `TorchCritic` over Hugging Face-style modules.
 
-Micro-batches (by rows or by a token budget), gradient accumulation with the mini-batch's
-normalisers, clipping, the learning-rate schedule and the policy / value passes. What differs between
-backends is not subclassed but given to a worker as two strategies (workers/strategies.py):
-`parallel`, how rows, sums and checkpoints are split over data-parallel ranks (default
-`SingleProcess`), and `weights`, what trains and what a checkpoint and a rollout get of it (default
-`FullWeights`).
+Per step: the log-prob (or value) passes, then `ppo_epochs` passes over the batch in mini-batches, one
+optimizer step each (AdamW, clipped, on the learning-rate schedule), each mini-batch split into
+micro-batches (by rows or by a token budget) whose losses, scaled by the mini-batch's normalisers,
+accumulate one gradient. How a micro-batch reaches the model (packed or padded rows, prompts shared, the
+LM head in chunks, autocast) is the worker's `forward_pass` (workers/forward.py); nothing here depends on it.
 
-Module conventions: ``module(input_ids=, attention_mask=, position_ids=)`` returns an object with
-``.logits``: ``(B, T, V)`` for a policy, ``(B, T, 1)`` for a value model. A policy whose
-``get_output_embeddings()`` is an ``nn.Linear`` gets its response log-probs through that head a chunk
-of positions at a time (``actor.logits_chunk_size``, workers/lm_head.py). A micro-batch's rows run end to
-end without padding (``actor.pack``, workers/packing.py), an sdpa model's with each distinct prompt laid
-once (``actor.share_prompts``); other models run each distinct prompt once through a KV cache
-(workers/prompt_cache.py) where that runs fewer tokens or packing cannot run. With `model.compute_dtype`
-set, every module pass runs under its autocast
-(`autocast`), each weight cast once per optimizer step or log-prob pass (`casts_once`); weights, gradients
-and AdamW state stay in `model.dtype`. With `model.compile`, the parts
-of each block that hold no KV cache run through torch.compile (workers/compile.py).
-
-The shared worker base and its two subclasses are one mechanism, read together; the parts that stand
-alone are their own modules: the strategies, a batch's rows as module inputs (rows.py), prompt
-caching, the LM head and checkpoint files.
+What differs between backends is not subclassed but given to a worker as two strategies
+(workers/strategies.py): `parallel`, how rows, sums and checkpoints are split over data-parallel ranks
+(default `SingleProcess`), and `weights`, what trains and what a checkpoint and a rollout get of it
+(default `FullWeights`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-import sys
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from ..algos import (PolicyLossInputs, compute_actor_loss, compute_value_loss, entropy_from_logits,
-                     logprobs_from_logits, loss_totals, sum_pi_squared_from_logits)
+from ..algos import PolicyLossInputs, compute_actor_loss, compute_value_loss, loss_totals
 from ..batch import RLBatch
-from ..config import ActorConfig, Config, CriticConfig, ModelConfig, OptimConfig
-from ..errors import ConfigError, NonFiniteError
+from ..config import ActorConfig, Config, CriticConfig, OptimConfig
+from ..errors import ConfigError, NanoverlDeprecation, NonFiniteError
 from ..protocols import Actor, Critic, PolicyLoss, Workers  # noqa: F401 (Workers: re-exported)
-from .compile import compile_blocks
-from .lm_head import ChunkedHead
-from .packing import ROWS, PackedRows, attending, pack_rows, packed_cost, packing_agrees, packing_for, shared_cost
-from .precision import Float32Attention, cpu_has_fast
-from .prompt_cache import cache_keyword, checkpointed, forward_keyword, prompt_cache
-from .rows import model_inputs, token_budget_groups
+from .forward import ForwardPass
+from .rows import token_budget_groups
 from .strategies import DataParallel, FullWeights, SingleProcess, Weights
 
 
@@ -66,41 +46,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"trainer.device = {name!r} is not supported; use auto, cpu or cuda[:N]")
     return device
-
-
-def autocast_dtype(model: ModelConfig) -> str:
-    """The dtype `model.compute_dtype` casts to: "" when it is unset or model.dtype itself (the weights'
-    own dtype: no cast to make)."""
-    return model.compute_dtype if model.compute_dtype != model.dtype else ""
-
-
-def autocast(model: ModelConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    """`model.compute_dtype` as a context for a forward pass on `device`: torch.autocast to
-    `autocast_dtype`, or nothing when there is no cast to make. On CPU a pass entered with gradients
-    enabled runs its attention in float32 (`precision.Float32Attention`: bf16's backward is slow there),
-    unless gradient checkpointing recomputes the blocks in backward, where only autocast is restored."""
-    dtype = autocast_dtype(model)
-    if not dtype:
-        return contextlib.nullcontext()
-    return _autocast(device, getattr(torch, dtype), float32_attention=not model.gradient_checkpointing)
-
-
-@contextlib.contextmanager
-def _autocast(device: torch.device, dtype: torch.dtype, float32_attention: bool):
-    float32_attention = float32_attention and device.type == "cpu" and torch.is_grad_enabled()
-    with torch.autocast(device.type, dtype=dtype), (Float32Attention() if float32_attention else
-                                                    contextlib.nullcontext()):
-        yield
-
-
-@functools.cache
-def _warn_slow_compute_dtype(dtype: str) -> None:
-    """Once per process: model.compute_dtype on a CPU that emulates it."""
-    if not cpu_has_fast(dtype):
-        print(f"warning: model.compute_dtype = {dtype!r}, but this CPU has no {dtype} matmul instructions: its "
-              "matmuls run many times slower than float32 here; leave model.compute_dtype empty (or \"auto\") on "
-              "this machine",
-              file=sys.stderr)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_updates: int | Callable[[], int]):
@@ -121,8 +66,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_up
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the optimizer steps of an update."""
+    return {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]} if steps else {}
 
 
 class _TorchWorker:
@@ -130,36 +76,21 @@ class _TorchWorker:
 
     metric_prefix = "actor"
     """The worker's metric names start with it (actor/grad_norm), and so do the config keys messages name."""
-    keeps_logits = False
-    """Whether the module's forward takes logits_to_keep and the worker asks for the last positions only
-    (the actor's log-probs; a value head's outputs are all kept)."""
 
     def __init__(self, module: torch.nn.Module, config: Config, section: ActorConfig | CriticConfig, *,
                  trainable: bool, mini_batch_prompts: int, device: torch.device | str,
                  parallel: DataParallel | None, weights: Weights | None):
         """section: this worker's own config (config.actor, also for the reference, or config.critic):
-        its micro-batch limits, share_prompts and, if trainable, its optimizer settings."""
-        self.module = module
-        self.config = config
-        self.section = section
+        its micro-batch limits, its forward pass's choices and, if trainable, its optimizer settings."""
+        self.module, self.config, self.section = module, config, section
         self.mini_batch_prompts = mini_batch_prompts
         self.device = torch.device(device)
         self.parallel = parallel or SingleProcess()
         self.weights = weights or FullWeights()
-        self.cache_keyword = cache_keyword(module) if section.share_prompts else None
-        """Set: each distinct prompt of a micro-batch runs once (`module_inputs`); None: every row runs whole."""
-        self.prompts_checked = False
-        self.packing = packing_for(module, section.pack, f"{self.metric_prefix}.pack")
-        """The layout a micro-batch is packed in (workers/packing.py), or None: every pass runs padded."""
-        self.packing_checked = False
-        self.keeps_casts = trainable and bool(autocast_dtype(config.model)) and \
-            not config.model.gradient_checkpointing and not any(hasattr(p, "full_tensor") for p in module.parameters())
-        """Whether `casts_once` keeps autocast's weight casts over a pass's micro-batches (see there; autocast
-        keeps none of a frozen worker's weights)."""
-        if self.device.type == "cpu" and autocast_dtype(config.model):
-            _warn_slow_compute_dtype(autocast_dtype(config.model))
-        if config.model.compile:
-            compile_blocks(module, self.device)
+        self.forward_pass = ForwardPass(module, config, section, key=self.metric_prefix,
+                                        policy=isinstance(self, TorchActor), trainable=trainable, device=self.device,
+                                        parallel=self.parallel, weights=self.weights)
+        """How a micro-batch reaches the module: layout, shared prompts, head, precision (workers/forward.py)."""
         self.optimizer = self.scheduler = None
         if trainable:
             self.optimizer = torch.optim.AdamW(self.weights.parameters(module), lr=section.lr,
@@ -170,141 +101,6 @@ class _TorchWorker:
         else:
             module.requires_grad_(False)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """A fresh context for one forward pass: `model.compute_dtype`'s autocast on this worker's device, or
-        nothing. Backward runs outside it, as torch.autocast asks: each op's gradient in its forward's dtype."""
-        return autocast(self.config.model, self.device)
-
-    def casts_once(self) -> contextlib.AbstractContextManager:
-        """Around the micro-batches of one optimizer step or one log-prob pass: under `model.compute_dtype`,
-        each weight is cast once for all of them instead of once per micro-batch. torch.autocast keeps its
-        casts of weights that require gradients until its outermost region ends; this is that region, with
-        autocast off (the forwards open their own inside it; losses and backward run outside autocast, as
-        without it). The kept casts are the very tensors each micro-batch would make, so results are bitwise
-        the same. Not for sharded weights (FSDP gathers and frees them block by block: kept casts would hold
-        the whole model) or under gradient checkpointing (its blocks are recomputed in backward)."""
-        return torch.autocast(self.device.type, enabled=False) if self.keeps_casts else contextlib.nullcontext()
-
-    def clip_and_step(self, nonfinite_loss: bool) -> float:
-        """Clip the global grad norm, then step unless anything is non-finite. Returns the norm."""
-        # every rank must take the same decision, or the next collective waits forever
-        nonfinite_loss = self.parallel.anywhere(nonfinite_loss)
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        max_norm = self.section.grad_clip or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if nonfinite_loss or not math.isfinite(norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"non-finite {'loss' if nonfinite_loss else 'gradient norm'} ({norm}); "
-                                 "the optimizer did not step")
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
-
-    def module_inputs(self, batch: RLBatch, keep_logits: bool = False) -> tuple[dict[str, Any], int]:
-        """The module's keyword arguments for `batch`, on the device, and R' (the trimmed response width).
-        The module's output ends with the R' + 1 positions whose outputs predict (or value) the response
-        tokens; keep_logits asks a transformers model for those positions' logits only.
-
-        With a KV cache (`cache_keyword`), each distinct prompt but its last token runs once, here, and
-        the returned arguments continue every row from its prompt's cache. The cache reaches the rows
-        by indexing, so autograd sums each prompt's gradient over its rows as the plain pass does:
-        the same log-probs, values and gradients to float rounding, for the prompt's work once instead
-        of n times. Gradient checkpointing drops caches, so a checkpointed training pass runs plain (as
-        does every training pass where the data-parallel strategy allows no cached backward, FSDP's).
-        """
-        plain, keep, split, width = self._plain_inputs(batch, keep_logits)
-        if not self._shares_prompts(split) or not self._prompt_cache_works(batch):
-            return plain, width
-        return self._continue_from_prompts(plain["input_ids"], plain["attention_mask"], plain["position_ids"],
-                                           split, keep), width
-
-    def _plain_inputs(self, batch: RLBatch, keep_logits: bool) -> tuple[dict[str, Any], dict, int, int]:
-        """Every row's whole prompt and response as the module's keyword arguments, on the device; the
-        logits_to_keep among them; the prompt columns that would go into a shared cache; R'."""
-        ids, mask, pos, width = (x if isinstance(x, int) else x.to(self.device) for x in model_inputs(batch))
-        keep = {"logits_to_keep": width + 1} if keep_logits else {}
-        plain = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **keep}
-        return plain, keep, ids.shape[1] - width - 1, width
-
-    def _prompt_cache_works(self, batch: RLBatch) -> bool:
-        """Whether the shared prompt cache serves this module: `_prompt_cache_agrees`, once, on the first
-        batch that would go through it, before that batch's pass is laid out. The pass then takes the
-        path every later pass takes (a resumed run meets the check at another step than the unbroken run
-        and must compute what it computed)."""
-        if not self.prompts_checked:
-            self.prompts_checked = True
-            if not self._prompt_cache_agrees(*self._plain_inputs(batch, self.keeps_logits)):
-                self.cache_keyword = None
-        return self.cache_keyword is not None
-
-    def _shares_prompts(self, split: int) -> bool:
-        """Whether a pass whose prompts put `split` columns into the cache runs through the shared prompt cache."""
-        training = torch.is_grad_enabled() and self.module.training
-        plain_backward = training and (not self.parallel.cached_backward or checkpointed(self.module))
-        # under FSDP every rank must run as many forwards: one rank's one-token prompts make all run plain
-        return not (self.cache_keyword is None or plain_backward or self.parallel.max(int(split < 1)))
-
-    def packed_rows(self, batch: RLBatch) -> PackedRows | None:
-        """`batch` packed on the device (workers/packing.py), or None: it runs padded (`module_inputs`), as when
-        packing is off, or through the shared prompt cache, where that runs fewer tokens (on all ranks summed:
-        every rank takes the same path, as many forwards). ROWS with share_prompts lays each distinct prompt
-        once in the line, which runs fewer tokens than either. Before the first packed pass, `packing_agrees`."""
-        if self.packing is None:
-            return None
-        share = self.packing == ROWS and self.section.share_prompts
-        if not share:                                  # LINES, ONE_LINE: packed or the shared cache, the cheaper
-            ids, _, _, width = model_inputs(batch)
-            if self._shares_prompts(ids.shape[1] - width - 1):
-                packed, shared = self.parallel.sum(torch.tensor([packed_cost(batch, self.packing), shared_cost(batch)],
-                                                                dtype=torch.float64)).tolist()
-                if shared < packed and self._prompt_cache_works(batch):
-                    return None
-        if not self.packing_checked:
-            self.packing_checked = True
-            with self.weights.inference(self.module):          # as a log-prob pass: no adapter dropout
-                agrees = packing_agrees(self.module, batch, self.device, self.packing, share)
-            if self.parallel.max(int(not agrees)):
-                key = f"{self.metric_prefix}.pack"
-                if self.section.pack is True:
-                    raise ConfigError(f"{key} = true, but {type(self.module).__name__} lets packed rows attend to "
-                                      f"each other (its attention ignores position_ids); set {key} = \"auto\" or false")
-                print(f"warning: {type(self.module).__name__}: packed rows attend to each other (its attention "
-                      f"ignores position_ids); {key} is off for this run", file=sys.stderr)
-                self.packing = None
-                return None
-        return pack_rows(batch, self.packing, share_prompts=share).to(self.device)
-
-    def _continue_from_prompts(self, ids, mask, pos, split: int, keep: dict) -> dict[str, Any] | None:
-        """The arguments that continue every row from the cache of its first `split` columns (each distinct
-        one run once). None when the module returned no cache."""
-        cache = prompt_cache(self.module, self.cache_keyword, ids[:, :split], mask[:, :split], bool(keep))
-        return None if cache is None else {"input_ids": ids[:, split:], "attention_mask": mask,
-                                           "position_ids": pos[:, split:], self.cache_keyword: cache,
-                                           "use_cache": True, **keep}
-
-    @torch.no_grad()
-    def _prompt_cache_agrees(self, plain: dict[str, Any], keep: dict, split: int, width: int) -> bool:
-        """Before the first cached pass: on two rows, the outputs through the cache equal the plain
-        pass's (a model that drops or misreads the cache would otherwise be wrong silently). It depends
-        only on the model, so it runs in the weights' own dtype, autocast off (bf16's rounding differs
-        between the two shapes by more than a tolerance that would still catch a misread cache), and every
-        FSDP rank takes the same decision (each forward is a collective)."""
-        few = {key: value[:2] if torch.is_tensor(value) else value for key, value in plain.items()}
-        with torch.autocast(self.device.type, enabled=False):
-            cached = self._continue_from_prompts(few["input_ids"], few["attention_mask"], few["position_ids"],
-                                                 split, keep)
-            expected = self.module(**few).logits[:, -width - 1:]
-            got = self.module(**cached).logits[:, -width - 1:] if cached is not None else None
-        tol = 1e-3 if expected.dtype in (torch.float32, torch.float64) else 5e-2     # bf16 / fp16 rounding
-        agrees = got is not None and got.shape == expected.shape and \
-            torch.allclose(got.float(), expected.float(), rtol=tol, atol=tol)
-        if not agrees:
-            print(f"warning: {type(self.module).__name__}: outputs through a shared prompt cache differ from a plain "
-                  f"forward; {self.metric_prefix}.share_prompts is off for this run", file=sys.stderr)
-        return self.parallel.max(int(not agrees)) == 0
-
     def micro_batches(self, batch: RLBatch) -> list[list[int]]:
         """Row indices of each micro-batch: consecutive runs of micro_batch_size rows, or, with a token
         budget, rows grouped by length (`token_budget_groups`), as many groups on every rank."""
@@ -314,7 +110,7 @@ class _TorchWorker:
             return [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
         groups = token_budget_groups(batch["prompt_mask"].sum(-1).tolist(), batch["response_mask"].sum(-1).tolist(),
                                      budget, f"{self.metric_prefix}.max_tokens_per_micro_batch",
-                                     packed=self.packing is not None)
+                                     packed=self.forward_pass.packing is not None)
         target = self.parallel.max(len(groups))
         while len(groups) < target:  # split the largest group: still within the budget, still non-empty
             largest = max(range(len(groups)), key=lambda g: len(groups[g]))
@@ -343,8 +139,20 @@ class _TorchWorker:
             for group in self.micro_batches(rows):
                 out[group] = compute(rows.index(group)).float().cpu()
             return out * mask.view(mask.shape + (1,) * len(extra))
-        with self.weights.inference(self.module), self.casts_once():
+        with self.weights.inference(self.module), self.forward_pass.casts_once():
             return self.parallel.on_my_rows(batch, on_rows)
+
+    def epochs(self, batch: RLBatch, loss_of: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]], *,
+               one_step: bool = False) -> dict[str, float]:
+        """`section.ppo_epochs` passes over the batch's mini-batches, an optimizer step each; the steps'
+        mean metrics. one_step: an on-policy update, which must be exactly one optimizer step."""
+        mini_batches = list(self.minibatches(batch))
+        if one_step and (self.section.ppo_epochs > 1 or len(mini_batches) > 1):
+            raise ValueError("on_policy=True needs exactly one optimizer step (ppo_epochs = 1, one mini-batch)")
+        self.module.train()
+        steps = [self.optimizer_step(micro, norms, loss_of)
+                 for _ in range(self.section.ppo_epochs) for micro, norms in mini_batches]
+        return mean_metrics(steps)
 
     def optimizer_step(self, micro_batches: list[RLBatch], norms: dict[str, float],
                        loss_of: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> dict[str, float]:
@@ -356,7 +164,7 @@ class _TorchWorker:
         """
         shares: dict[str, float] = defaultdict(float)
         finite = True
-        with self.casts_once():
+        with self.forward_pass.casts_once():
             for mb in micro_batches:
                 loss, metrics = loss_of(mb, norms)
                 finite &= bool(torch.isfinite(loss))
@@ -369,6 +177,23 @@ class _TorchWorker:
         out[f"{self.metric_prefix}/grad_norm"] = self.clip_and_step(not finite)
         out[f"{self.metric_prefix}/lr"] = self.scheduler.get_last_lr()[0]
         return out
+
+    def clip_and_step(self, nonfinite_loss: bool) -> float:
+        """Clip the global grad norm, then step unless anything is non-finite. Returns the norm."""
+        # every rank must take the same decision, or the next collective waits forever
+        nonfinite_loss = self.parallel.anywhere(nonfinite_loss)
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        max_norm = self.section.grad_clip or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if nonfinite_loss or not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"non-finite {'loss' if nonfinite_loss else 'gradient norm'} ({norm}); "
+                                 "the optimizer did not step")
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
 
     # checkpoints: the format is the data-parallel strategy's, what it holds the weights strategy's
     def save(self, path: Path) -> None:
@@ -394,49 +219,10 @@ class TorchActor(_TorchWorker):
         for name, value in self.weights.actor_attributes(module).items():
             setattr(self, name, value)
         self.temperature = config.rollout.temperature
-        # transformers models can run the LM head on the last positions only: the prompt's logits
-        # (B, P, V) are never needed, and at a real vocabulary they are most of the head's cost
-        self.keeps_logits = forward_keyword(module, "logits_to_keep") is not None
-        # and the response positions' (B, R', V) logits need not exist at once either (actor.logits_chunk_size);
-        # None: the module has no plain linear head (or chunking is off), the full logits are used
-        self.chunked_head = ChunkedHead.of(module, config.actor.logits_chunk_size, compiled=config.model.compile)
 
     def forward(self, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy.
-        The module runs under `model.compute_dtype` (autocast); log-softmax and entropy take float32 logits."""
-        with self.autocast(), contextlib.ExitStack() as stack:
-            inputs, width, packed = self._inputs(batch)
-            stack.enter_context(attending(packed, self.module))
-            responses = batch["responses"][:, :width].to(self.device)             # (B, R')
-            valid = batch["response_mask"][:, :width].to(self.device).bool()
-            scores = None
-            if self.chunked_head is not None:     # its float32 log-softmax runs inside the module's forward
-                pick = functools.partial(packed.pick_valid, kept=self.keeps_logits) if packed else None
-                scores = self.chunked_head(self.module, inputs, responses, valid, self.temperature, with_entropy,
-                                           pick=pick)
-                if scores is None:
-                    self.chunked_head = None      # this model's head cannot be split off: full logits from now on
-            logits = self._logits(inputs, width, packed) if scores is None else None
-        if scores is None:
-            scores = logprobs_from_logits(logits, responses), (entropy_from_logits(logits) if with_entropy else None)
-            if packed is not None:                # padding positions of packed rows hold another token's scores
-                scores = tuple(x.masked_fill(~valid, 0) if x is not None else None for x in scores)
-        log_probs, entropy = scores
-        full = batch["responses"].shape[1]
-        return _pad_right(log_probs, full), (_pad_right(entropy, full) if entropy is not None else None)
-
-    def _inputs(self, batch: RLBatch) -> tuple[dict, int, PackedRows | None]:
-        """The module's keyword arguments for `batch`, R', and the packed rows they hold (None: padded)."""
-        packed = self.packed_rows(batch)
-        if packed is not None:
-            return packed.inputs(self.keeps_logits), packed.width, packed
-        return *self.module_inputs(batch, keep_logits=self.keeps_logits), None
-
-    def _logits(self, inputs: dict, width: int, packed: PackedRows | None = None) -> torch.Tensor:
-        """(B, R', V) float32 logits predicting each response token, at the rollout temperature."""
-        out = self.module(**inputs).logits
-        logits = (packed.pick(out, "logits_to_keep" in inputs) if packed else out[:, -width - 1:-1]).float()
-        return logits / self.temperature if self.temperature != 1.0 else logits
+        """Log-probs (B, R) of the response tokens at the rollout temperature, and optionally entropy."""
+        return self.forward_pass.log_probs(batch, self.temperature, with_entropy)
 
     def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) log pi(response token), zero on padding."""
@@ -445,15 +231,8 @@ class TorchActor(_TorchWorker):
     def compute_log_probs_and_sum_pi_squared(self, batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, R) log pi(response token) and (B, R) sum over the vocabulary of pi^2 at each response
         position, zero on padding, from one pass over the full logits (the optimal token baseline's inputs)."""
-        def both(mb: RLBatch) -> torch.Tensor:
-            with self.autocast():
-                inputs, width, packed = self._inputs(mb)
-                with attending(packed, self.module):
-                    logits = self._logits(inputs, width, packed)
-            pair = torch.stack([logprobs_from_logits(logits, mb["responses"][:, :width].to(self.device)),
-                                sum_pi_squared_from_logits(logits)], dim=-1)                  # (b, R', 2)
-            return torch.nn.functional.pad(pair, (0, 0, 0, mb["responses"].shape[1] - width))
-        out = self.per_row(batch, both, extra=(2,))
+        out = self.per_row(batch, lambda mb: self.forward_pass.log_probs_and_sum_pi_squared(mb, self.temperature),
+                           extra=(2,))
         return out[..., 0], out[..., 1]
 
     @property
@@ -466,8 +245,6 @@ class TorchActor(_TorchWorker):
         a sharded (DTensor) entry is gathered, so under torchrun this is a collective every rank must consume whole."""
         return self.weights.full_tensors(self.module)
 
-    update_log_probs: torch.Tensor | None = None
-
     def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False,
                keep_log_probs: bool = False) -> dict[str, float]:
         """PPO epochs over mini-batches (one optimizer step each) split into micro-batches.
@@ -475,47 +252,48 @@ class TorchActor(_TorchWorker):
         policy_loss: the registered loss (`actor.policy_loss`), see nanoverl_core.algos.PolicyLossInputs.
         on_policy: this is the step's only update and the batch was sampled by this very policy, so
             pi_old is this forward's policy: old log-probs are taken from it (detached) instead of
-            batch["old_log_probs"], and the loss is told so (the trainer decides: `Trainer._build`).
-        keep_log_probs (with on_policy): keep those detached log-probs of every row, every rank's
-            gathered, in `self.update_log_probs` (B, R): what a separate old-log-prob pass would give,
-            for the rollout-mismatch metrics, without that pass.
+            batch["old_log_probs"], and the loss is told so (the trainer decides: trainer/plan.py).
+        keep_log_probs: deprecated (0.2.0's `update_log_probs`); `on_policy_update` returns them.
         """
+        if keep_log_probs and on_policy:
+            warnings.warn(KEEP_LOG_PROBS, NanoverlDeprecation, stacklevel=2)
+            metrics, self.update_log_probs = self.on_policy_update(batch, policy_loss)
+            return metrics
+        if keep_log_probs:
+            raise ValueError("keep_log_probs=True needs on_policy=True (the forward must be pi_old's)")
+        return self.epochs(batch, self._loss(policy_loss, on_policy), one_step=on_policy)
+
+    def on_policy_update(self, batch: RLBatch, policy_loss: PolicyLoss) -> tuple[dict[str, float], torch.Tensor]:
+        """`update(batch, policy_loss, on_policy=True)`, returning with its metrics the (B, R) log-probs its
+        forward computed: detached, on the CPU, every rank's rows in row order, zero on padding. That is
+        pi_old, what `compute_log_probs` would have returned just before, without a pass of its own."""
+        kept: list[torch.Tensor] = []
+        metrics = self.epochs(batch, self._loss(policy_loss, on_policy=True, kept=kept), one_step=True)
+        return metrics, self._rows_of(batch, kept)
+
+    def _loss(self, policy_loss: PolicyLoss, on_policy: bool, kept: list[torch.Tensor] | None = None):
+        """loss_of(micro_batch, norms) for `optimizer_step`: the micro-batch's PPO loss and metrics (kept: the
+        detached log-probs of each micro-batch are appended to it)."""
         cfg = self.section
         scale = cfg.loss_scale_factor or self.config.rollout.max_new_tokens
-        mini_batches = list(self.minibatches(batch))
-        if on_policy and (cfg.ppo_epochs > 1 or len(mini_batches) > 1):
-            raise ValueError("on_policy=True needs exactly one optimizer step (ppo_epochs = 1, one mini-batch)")
-        if keep_log_probs and not on_policy:
-            raise ValueError("keep_log_probs=True needs on_policy=True (the forward must be pi_old's)")
-        self.module.train()
-        kept: list[torch.Tensor] = []
 
         def loss_of(mb: RLBatch, norms: dict[str, float]):
-            mask = mb["loss_mask"].to(self.device)
-            log_prob, entropy = self.forward(mb, with_entropy=cfg.entropy_coeff != 0)
+            log_prob, entropy = self.forward(mb, with_entropy=cfg.entropy_coeff != 0)          # (b, R) each
             old = log_prob.detach() if on_policy else mb["old_log_probs"].to(self.device)
-            if keep_log_probs:
+            if kept is not None:
                 kept.append(old.float().cpu())
             weights = mb["rollout_is_weights"].to(self.device) if "rollout_is_weights" in mb else None
-            inputs = PolicyLossInputs(log_prob, old, mb["advantages"].to(self.device), mask,
+            inputs = PolicyLossInputs(log_prob, old, mb["advantages"].to(self.device), mb["loss_mask"].to(self.device),
                                       loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=scale,
                                       on_policy=on_policy, rollout_is_weights=weights, **norms)
             ref = mb["ref_log_probs"].to(self.device) if cfg.use_kl_loss else None
             return compute_actor_loss(policy_loss, inputs, cfg, entropy=entropy, ref_log_prob=ref)
-
-        steps = []
-        for _ in range(cfg.ppo_epochs):
-            for micro_batches, norms in mini_batches:
-                steps.append(self.optimizer_step(micro_batches, norms, loss_of))
-        if keep_log_probs:
-            self.update_log_probs = self._rows_of(batch, kept)
-        return mean_metrics(steps)
+        return loss_of
 
     def _rows_of(self, batch: RLBatch, per_micro_batch: list[torch.Tensor]) -> torch.Tensor:
-        """The update's per-micro-batch outputs of a one-mini-batch update put back in row order, every
-        rank's rows gathered, zero on padding: (B, R), as `per_row` would have computed them. The split is
-        `minibatches`' own (deterministic): on the rows of `my_share` (the same as `on_my_rows`' for the
-        whole batch, which is the one mini-batch), so the micro-batches are found again."""
+        """The per-micro-batch outputs of a one-mini-batch update put back in row order, every rank's rows
+        gathered, zero on padding: (B, R), as `per_row` would have computed them (the split is `minibatches`'
+        own, deterministic: the whole batch's share is its one mini-batch's)."""
         def on_rows(rows: RLBatch) -> torch.Tensor:
             out = torch.zeros(rows["response_mask"].shape, dtype=torch.float32)
             for group, values in zip(self.micro_batches(rows), per_micro_batch, strict=True):
@@ -524,9 +302,9 @@ class TorchActor(_TorchWorker):
         return self.parallel.on_my_rows(batch, on_rows)
 
 
-def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric's mean over the optimizer steps of an update."""
-    return {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]} if steps else {}
+KEEP_LOG_PROBS = ("update(..., keep_log_probs=True) and update_log_probs are deprecated since nanoverl 0.3.0 and go "
+                  "in 0.4.0: call on_policy_update(batch, policy_loss), which returns (metrics, log_probs) "
+                  "(CHANGELOG.md)")
 
 
 class TorchCritic(_TorchWorker):
@@ -542,16 +320,8 @@ class TorchCritic(_TorchWorker):
                          weights=weights)
 
     def forward(self, batch: RLBatch) -> torch.Tensor:
-        with self.autocast():
-            packed = self.packed_rows(batch)
-            if packed is not None:                # (k, W) -> each response token's state; 0 on padding
-                with packed.attending(self.module):
-                    values = packed.pick(self.module(**packed.inputs(keep_logits=False)).logits[..., 0].float())
-                values = values.masked_fill(~packed.valid, 0)
-            else:
-                inputs, width = self.module_inputs(batch)
-                values = self.module(**inputs).logits[..., 0].float()[:, -width - 1:-1]
-        return _pad_right(values, batch["responses"].shape[1])
+        """(B, R) values of the states before each response token."""
+        return self.forward_pass.values(batch)
 
     def compute_values(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) value estimates, zero on padding."""
@@ -560,15 +330,9 @@ class TorchCritic(_TorchWorker):
     def update(self, batch: RLBatch) -> dict[str, float]:
         """Value-loss epochs over mini-batches (one optimizer step each) split into micro-batches."""
         cfg = self.section
-        self.module.train()
 
         def loss_of(mb: RLBatch, norms: dict[str, float]):
             return compute_value_loss(self.forward(mb), mb["returns"].to(self.device), mb["values"].to(self.device),
                                       mb["loss_mask"].to(self.device), cliprange_value=cfg.cliprange_value,
                                       loss_agg_mode=cfg.loss_agg_mode, **norms)
-
-        steps = []
-        for _ in range(cfg.ppo_epochs):
-            for micro_batches, norms in self.minibatches(batch):
-                steps.append(self.optimizer_step(micro_batches, norms, loss_of))
-        return mean_metrics(steps)
+        return self.epochs(batch, loss_of)

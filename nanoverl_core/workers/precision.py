@@ -11,10 +11,15 @@ On CPU, torch's fused attention (`scaled_dot_product_attention`, its flash kerne
 backward about 3x slower in bf16 than in float32 (benchmarks/attention_probe.py), and was a quarter of a
 bf16 SmolLM2 update. `Float32Attention` runs the attention of a pass that will be differentiated in
 float32 instead; forward-only passes (log-probs, generation) keep bf16's kernel, as fast as float32's there.
+
+`autocast(model, device)` is the context every module pass of a worker (workers/forward.py) and of the hf
+rollout runs in.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import platform
 import sys
@@ -90,3 +95,38 @@ class Float32Attention(TorchFunctionMode):
             out = func(*up, **{k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
                                for k, v in kwargs.items()})
         return out.to(torch.get_autocast_dtype(device))
+
+
+def autocast_dtype(model) -> str:
+    """The dtype `model.compute_dtype` casts to: "" when it is unset or model.dtype itself (the weights'
+    own dtype: no cast to make)."""
+    return model.compute_dtype if model.compute_dtype != model.dtype else ""
+
+
+def autocast(model, device: torch.device) -> contextlib.AbstractContextManager:
+    """`model.compute_dtype` (the [model] section) as a context for a forward pass on `device`: torch.autocast
+    to `autocast_dtype`, or nothing when there is no cast to make. On CPU a pass entered with gradients
+    enabled runs its attention in float32 (`Float32Attention`: bf16's backward is slow there), unless
+    gradient checkpointing recomputes the blocks in backward, where only autocast is restored."""
+    dtype = autocast_dtype(model)
+    if not dtype:
+        return contextlib.nullcontext()
+    return _autocast(device, getattr(torch, dtype), float32_attention=not model.gradient_checkpointing)
+
+
+@contextlib.contextmanager
+def _autocast(device: torch.device, dtype: torch.dtype, float32_attention: bool):
+    float32_attention = float32_attention and device.type == "cpu" and torch.is_grad_enabled()
+    with torch.autocast(device.type, dtype=dtype), (Float32Attention() if float32_attention else
+                                                    contextlib.nullcontext()):
+        yield
+
+
+@functools.cache
+def warn_slow_compute_dtype(dtype: str) -> None:
+    """Once per process: model.compute_dtype on a CPU that emulates it."""
+    if not cpu_has_fast(dtype):
+        print(f"warning: model.compute_dtype = {dtype!r}, but this CPU has no {dtype} matmul instructions: its "
+              "matmuls run many times slower than float32 here; leave model.compute_dtype empty (or \"auto\") on "
+              "this machine",
+              file=sys.stderr)

@@ -14,7 +14,7 @@ import torch
 
 from nanoverl_core import RLBatch, RewardError, load_config, load_registry
 from nanoverl_core.reward import RewardScorer
-from nanoverl_core.testing import assert_user_error
+from nanoverl_core.testing import assert_user_error, score_texts
 from nanoverl_code import sandbox
 from nanoverl_code.rewards import code, extract_code, score_row
 from nanoverl_code.settings import CodeSettings
@@ -180,7 +180,7 @@ def test_the_reward_scores_by_name_in_the_real_worker_pool_and_the_workers_survi
         rows = [ADD_STDIO] * 4
         batch = RLBatch({"x": torch.zeros(len(rows))}, {"row": rows, "prompt_text": ["q"] * len(rows),
                                                          "index": list(range(len(rows)))})
-        scores, metrics = scorer.score(batch, responses)
+        scores, metrics = score_texts(scorer, batch, responses)
         assert [w.proc.pid for w in pool.workers] == workers and all(w.proc.poll() is None for w in pool.workers)
     finally:
         scorer.close()

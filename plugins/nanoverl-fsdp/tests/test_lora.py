@@ -77,7 +77,7 @@ def test_a_sharded_lora_checkpoint_round_trips_and_keeps_the_actor_contract(tiny
     same optimizer state; the adapter-off reference keeps the base's log-probs."""
     import torch.distributed as dist
 
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     from nanoverl_core.testing import check_actor
     from nanoverl_fsdp.workers import make_workers
 

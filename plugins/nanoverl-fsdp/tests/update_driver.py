@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from nanoverl_core import RLBatch, load_config, load_registry
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.dist import close_distributed
 
 ROWS_PER_PROMPT = 4
@@ -126,7 +126,8 @@ def run(worker: str, model: Path, ckpt: Path | None = None, extra: tuple[str, ..
     workers = make_workers(config)
     batch = fixed_batch(workers.tokenizer)
     out: dict = {"initial": full_params(workers.actor), "steps": {"actor": [], "critic": []}}
-    out["packing"] = [workers.actor.packing, workers.critic.packing]           # packed micro-batches, or None
+    out["packing"] = [workers.actor.forward_pass.packing,        # packed micro-batches, or None
+                      workers.critic.forward_pass.packing]
     for name in ("actor", "critic"):
         record_steps(getattr(workers, name), out["steps"][name], replay and replay["steps"][name])
     log_probs = workers.actor.compute_log_probs(batch)                              # (16, 6)

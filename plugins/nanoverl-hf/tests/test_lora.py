@@ -41,7 +41,7 @@ def advantage_batch(workers, seed: int = 0):
 
 
 def update(workers, steps: int = 3) -> None:
-    from nanoverl_core.algos.losses import vanilla
+    from nanoverl_core.algos import vanilla
     for step in range(steps):
         workers.actor.update(advantage_batch(workers, step), vanilla)
 
@@ -164,7 +164,8 @@ def test_chunked_log_probs_give_the_full_logits_lora_update(tiny_dir, make_confi
                                            "actor.entropy_coeff=0.05", "rollout.temperature=0.7", "data.batch_size=3",
                                            f"actor.logits_chunk_size={chunk}"))
         chunked = chunk > 0 and not targets
-        assert (workers.actor.chunked_head is not None) == chunked == (workers.reference.chunked_head is not None)
+        heads = workers.actor.forward_pass.head, workers.reference.forward_pass.head
+        assert (heads[0] is not None) == chunked == (heads[1] is not None)
         # each optimizer step's gradients (as the optimizer sees them) and the adapter after it; the chunked run
         # takes each step from the full-logits run's weights, so the two compare step by step: otherwise Adam,
         # lr * g / (|g| + eps) on its first step, turns rounding on near-zero gradients into weight differences

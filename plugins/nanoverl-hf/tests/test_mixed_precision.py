@@ -81,7 +81,7 @@ def test_in_bf16_the_prompt_cache_and_packing_checks_compare_float32_outputs(tin
     checked, calls[:] = calls[:], []
     torch.testing.assert_close(actor.compute_log_probs(batch), first, rtol=0, atol=0)
     assert "is off for this run" not in capsys.readouterr().err
-    assert (actor.cache_keyword if check == "share_prompts" else actor.packing) is not None
+    assert (actor.forward_pass.cache_keyword if check == "share_prompts" else actor.forward_pass.packing) is not None
     assert calls and set(calls) == {(True, torch.bfloat16)}                      # the pass
     in_check = [call for call in checked if call != (True, torch.bfloat16)]    # the check: before it, in float32
     assert len(in_check) >= 2 and set(in_check) == {(False, torch.float32)} and checked[:len(in_check)] == in_check

@@ -12,7 +12,7 @@ import torch
 from conftest import prompt_batch, with_responses
 
 from nanoverl_core import ConfigError
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.testing import with_loss_mask
 from nanoverl_core.workers.packing import LINES, ONE_LINE, ROWS, pack_rows, packing_layout, row_attention
 from nanoverl_hf.workers import make_workers
@@ -52,9 +52,9 @@ def run(make_config, tiny_dir, pack: bool, *overrides: str, multiturn: bool = Fa
                       *overrides)
     workers = make_workers(cfg)
     actor, critic = workers.actor, workers.critic
-    assert actor.packing == critic.packing == (ROWS if pack else None)       # an sdpa model's own layout
+    assert actor.forward_pass.packing == critic.forward_pass.packing == (ROWS if pack else None)  # sdpa's own layout
     if pack:
-        actor.packing = critic.packing = layout
+        actor.forward_pass.packing = critic.forward_pass.packing = layout
     batch = mixed_batch(workers.tokenizer, multiturn, prompts=SHARED if share else PROMPTS)
     with torch.no_grad():
         log_probs, entropy = actor.forward(batch, with_entropy=True)
@@ -112,7 +112,7 @@ def test_rows_of_one_packed_line_cannot_see_each_other(tiny_dir, make_config, la
     workers = make_workers(make_config(tiny_dir, "actor.pack=true", "actor.share_prompts=false",
                                        "data.batch_size=6"))
     actor, batch = workers.actor, mixed_batch(workers.tokenizer)
-    actor.packing = layout
+    actor.forward_pass.packing = layout
     packed = pack_rows(batch, layout)
     assert packed.input_ids.shape[0] < len(batch)           # rows do share lines
     line_of = packed.line[:, 0].tolist()
@@ -157,7 +157,7 @@ def test_the_debug_model_cannot_pack_auto_falls_back_and_true_exits_2(tmp_path):
     data.write_text('{"prompt": "1=", "target": "1"}\n')
     registry = load_registry()
     auto = make_debug_workers(load_config(None, [f"data.train_files=[{data}]"], registry=registry))
-    assert auto.actor.packing is None
+    assert auto.actor.forward_pass.packing is None
     with pytest.raises(ConfigError, match=r"^actor\.pack = true, but TinyCausalLM cannot run packed rows"):
         make_debug_workers(load_config(None, [f"data.train_files=[{data}]", "actor.pack=true"], registry=registry))
 
@@ -168,7 +168,7 @@ def test_a_model_that_ignores_the_positions_is_caught(tiny_dir, make_config, cap
         workers = make_workers(make_config(tiny_dir, f"actor.pack={pack}", "actor.share_prompts=false",
                                            "data.batch_size=6"))
         actor, batch = workers.actor, mixed_batch(workers.tokenizer)
-        actor.packing = LINES
+        actor.forward_pass.packing = LINES
         forward = actor.module.forward
 
         def blind(*args, forward=forward, **kwargs):        # positions 0, 1, ... over the whole line
@@ -182,7 +182,7 @@ def test_a_model_that_ignores_the_positions_is_caught(tiny_dir, make_config, cap
             continue
         actor.module.forward = blind
         log_probs = actor.compute_log_probs(batch)
-        assert actor.packing is None and "actor.pack is off for this run" in capsys.readouterr().err
+        assert actor.forward_pass.packing is None and "actor.pack is off for this run" in capsys.readouterr().err
         actor.module.forward = forward
         torch.testing.assert_close(log_probs, actor.compute_log_probs(batch), rtol=0, atol=1e-6)
 
@@ -200,15 +200,15 @@ def test_rows_lay_each_prompt_once_and_lines_share_it_where_the_cache_runs_fewer
     short = with_responses(long_prompt, [[3, 4]] * 6, tok.pad_token_id)
     mixed = with_responses(prompt_batch(tok, ["1="] * 6), [[3] * n for n in (1, 1, 1, 1, 1, 40)], tok.pad_token_id)
     plain = make_workers(make_config(tiny_dir, "actor.pack=false", "actor.share_prompts=false")).actor
-    assert actor.packing == ROWS
+    assert actor.forward_pass.packing == ROWS
     for batch in (short, mixed):
         fed.clear()
         torch.testing.assert_close(actor.compute_log_probs(batch), plain.compute_log_probs(batch), rtol=0, atol=1e-5)
         prompt, responses = int(batch["prompt_mask"][0].sum()), int(batch["response_mask"].sum())
         assert fed[-1] == (1, prompt + responses)                  # (1, 16 + 12), then (1, 2 + 45)
-    assert not actor.prompts_checked                                # the KV cache was never needed
+    assert "share_prompts" not in actor.forward_pass.checked      # the KV cache was never needed
 
-    actor.packing = LINES
+    actor.forward_pass.packing = LINES
     fed.clear()
     torch.testing.assert_close(actor.compute_log_probs(short), plain.compute_log_probs(short), rtol=0, atol=1e-5)
     assert fed[-1] == (6, 1 + 2)                                  # continued from the shared cache
@@ -228,14 +228,14 @@ def test_the_layout_follows_the_attention_implementation_and_checkpointing(tiny_
     assert config._attn_implementation == "sdpa"                # switched back after the packed forward
     config._attn_implementation = "eager"
     assert packing_layout(actor.module) == LINES
-    actor.packing = LINES
+    actor.forward_pass.packing = LINES
     torch.testing.assert_close(actor.compute_log_probs(batch), rows, rtol=0, atol=1e-5)
     config._attn_implementation = "sdpa"
     config.sliding_window = 4
     assert packing_layout(actor.module) == LINES
     config.sliding_window = None
     checkpointed = make_workers(make_config(tiny_dir, "actor.pack=true", "model.gradient_checkpointing=true"))
-    assert checkpointed.actor.packing == LINES
+    assert checkpointed.actor.forward_pass.packing == LINES
 
 
 @pytest.mark.parametrize("bounds", [(0, 2, 5, 7), (0, 2, 4, 6, 9, 11)], ids=["a call a row", "a call a length"])
@@ -293,11 +293,11 @@ def test_the_pass_that_finds_the_prompt_cache_broken_is_laid_out_as_every_later_
     another step than the unbroken run and must compute, bit for bit, what that run computed."""
     workers = make_workers(make_config(tiny_dir, "rollout.n=6", "data.batch_size=1"))
     actor, tok = workers.actor, workers.tokenizer
-    actor.packing = LINES
+    actor.forward_pass.packing = LINES
     forward = actor.module.forward
 
     def forgetful(*args, **kwargs):                     # ignores the cache it is given: the check fails
-        kwargs.pop(actor.cache_keyword, None)
+        kwargs.pop(actor.forward_pass.cache_keyword, None)
         return forward(*args, **kwargs)
     actor.module.forward = forgetful
     responses = [[3, 4], [5], [3, 4, 5, 6], [7, 8, 9], [3], [4, 4]]
@@ -305,7 +305,7 @@ def test_the_pass_that_finds_the_prompt_cache_broken_is_laid_out_as_every_later_
     fed: list[tuple[int, int]] = []
     actor.module.get_input_embeddings().register_forward_pre_hook(lambda _, args: fed.append(tuple(args[0].shape)))
     first = actor.compute_log_probs(batch)               # sharing runs fewer tokens here, until the check fails
-    assert actor.cache_keyword is None and "actor.share_prompts is off" in capsys.readouterr().err
+    assert actor.forward_pass.cache_keyword is None and "actor.share_prompts is off" in capsys.readouterr().err
     first_pass = fed[-1]
     fed.clear()
     assert torch.equal(actor.compute_log_probs(batch), first)

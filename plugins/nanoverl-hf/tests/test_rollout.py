@@ -10,7 +10,7 @@ import torch
 from conftest import prompt_batch
 
 from nanoverl_core import SamplingParams
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.data import collate, load_prompts
 from nanoverl_core.testing import with_loss_mask
 from nanoverl_hf.rollout import HFRollout, make_rollout

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import prompt_batch, with_responses
 
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.testing import assert_same_adam_step, with_loss_mask
 from nanoverl_hf.workers import make_workers
 
@@ -49,7 +49,7 @@ def test_log_probs_entropy_gradients_and_an_update_equal_the_plain_pass(tiny_dir
                           "actor.pack=false", *(PLAIN if plain else []))
         workers = make_workers(cfg)
         actor, batch = workers.actor, grpo_batch(workers.tokenizer)
-        assert (actor.cache_keyword is None) == plain
+        assert (actor.forward_pass.cache_keyword is None) == plain
         fed = tokens_fed(actor.module)
         with torch.no_grad():
             log_probs, entropy = actor.forward(batch, with_entropy=True)
@@ -89,7 +89,7 @@ def test_values_and_the_critic_update_equal_the_plain_pass(tiny_dir, make_config
         workers = make_workers(make_config(tiny_dir, "critic.enable=true", "critic.lr=1e-2", f"rollout.n={N}",
                                            "data.batch_size=3", *(["critic.share_prompts=false"] if plain else [])))
         critic = workers.critic
-        assert (critic.cache_keyword is None) == plain
+        assert (critic.forward_pass.cache_keyword is None) == plain
         batch = grpo_batch(workers.tokenizer)
         batch["values"] = critic.compute_values(batch)
         critic.update(batch)
@@ -118,14 +118,14 @@ def test_a_model_that_drops_the_cache_is_caught_and_runs_plain(tiny_dir, make_co
     forward = actor.module.forward
 
     def forgetful(*args, **kwargs):                     # ignores the cache it is given, makes a fresh one
-        kwargs.pop(actor.cache_keyword, None)
+        kwargs.pop(actor.forward_pass.cache_keyword, None)
         return forward(*args, **kwargs)
     batch = grpo_batch(workers.tokenizer)
     want = make_workers(make_config(tiny_dir, *PLAIN, f"rollout.n={N}", "data.batch_size=3")).actor \
         .compute_log_probs(batch)
     actor.module.forward = forgetful
     got = actor.compute_log_probs(batch)
-    assert actor.cache_keyword is None
+    assert actor.forward_pass.cache_keyword is None
     assert "actor.share_prompts is off for this run" in capsys.readouterr().err
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
@@ -137,7 +137,8 @@ def test_lora_actor_and_its_adapter_off_reference_share_prompts(tiny_dir, make_c
     runs = []
     for plain in (True, False):
         workers = make_workers(make_config(tiny_dir, *lora, *(PLAIN if plain else [])))
-        assert (workers.actor.cache_keyword is None) == plain == (workers.reference.cache_keyword is None)
+        keywords = workers.actor.forward_pass.cache_keyword, workers.reference.forward_pass.cache_keyword
+        assert (keywords[0] is None) == plain == (keywords[1] is None)
         batch = grpo_batch(workers.tokenizer)
         batch["old_log_probs"] = workers.actor.compute_log_probs(batch)
         workers.actor.update(batch, vanilla)

@@ -7,7 +7,7 @@ import torch
 from conftest import prompt_batch, with_responses
 
 from nanoverl_core import ConfigError
-from nanoverl_core.algos.losses import vanilla
+from nanoverl_core.algos import vanilla
 from nanoverl_core.testing import with_loss_mask
 from nanoverl_hf.workers import make_workers
 

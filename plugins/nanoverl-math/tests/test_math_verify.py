@@ -22,6 +22,7 @@ import torch
 
 from nanoverl_core import RLBatch, RewardError, load_config, load_registry
 from nanoverl_core.reward import RewardScorer
+from nanoverl_core.testing import score_texts
 from nanoverl_math.rewards import math_verify, signal_timeout
 from nanoverl_math.settings import MathVerifySettings
 
@@ -149,7 +150,7 @@ def score_batch(responses: list[str], golds: list[str], *overrides: str) -> tupl
     scorer = RewardScorer(cfg.reward, registry)
     start = time.monotonic()
     try:
-        scores, metrics = scorer.score(batch, responses)
+        scores, metrics = score_texts(scorer, batch, responses)
     finally:
         scorer.close()
     return scores.tolist(), metrics, time.monotonic() - start
@@ -195,7 +196,7 @@ def test_the_reward_scores_in_the_real_worker_pool_with_its_table():
     scorer = RewardScorer(cfg.reward, registry)
     try:
         assert scorer.in_trainer == [False]                        # a per-row reward: the worker processes
-        scores, metrics = scorer.score(batch, responses)
+        scores, metrics = score_texts(scorer, batch, responses)
         assert len(scorer.pool().workers) == 2
     finally:
         scorer.close()

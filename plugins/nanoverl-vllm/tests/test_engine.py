@@ -18,7 +18,7 @@ pytest.importorskip("vllm")
 from conftest import kept, prompt_batch  # noqa: E402
 
 from nanoverl_core import ConfigError, SamplingParams  # noqa: E402
-from nanoverl_core.algos.losses import vanilla  # noqa: E402
+from nanoverl_core.algos import vanilla  # noqa: E402
 from nanoverl_core.testing import with_loss_mask  # noqa: E402
 from nanoverl_hf.rollout import HFRollout  # noqa: E402
 from nanoverl_hf.workers import make_workers  # noqa: E402

@@ -37,6 +37,7 @@ import re
 import textwrap
 from typing import Any
 
+from nanoverl_core.config import settings_or_defaults
 from nanoverl_core.errors import RewardError
 from nanoverl_core.reward import GROUND_TRUTH_KEYS
 
@@ -212,4 +213,4 @@ def score_row(response: str, sample: dict, settings: CodeSettings
 
 def code(prompt: str, response: str, sample: dict, settings: CodeSettings | None = None) -> dict[str, float]:
     """The registered reward (see the module doc)."""
-    return score_row(response, sample, settings or CodeSettings())[0]
+    return score_row(response, sample, settings_or_defaults(settings, CodeSettings))[0]

@@ -2,7 +2,7 @@
 
 import attrs
 
-from nanoverl_core.config import DType
+from nanoverl_core.config import DType, settings_or_defaults
 
 
 @attrs.define
@@ -20,7 +20,7 @@ def check_precision(config) -> None:
     when both are set (param_dtype other than model.dtype) and differ."""
     from nanoverl_core import ConfigError
 
-    settings = config.worker.settings if isinstance(config.worker.settings, FSDPSettings) else FSDPSettings()
+    settings = settings_or_defaults(config.worker.settings, FSDPSettings)
     compute, param = config.model.compute_dtype, settings.param_dtype
     if compute and param != config.model.dtype and param != compute:
         raise ConfigError(f"model.compute_dtype = {compute!r} and worker.fsdp.param_dtype = {param!r} disagree on the "

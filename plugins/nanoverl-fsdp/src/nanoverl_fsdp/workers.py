@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from nanoverl_core import TorchActor, TorchCritic, Workers
-from nanoverl_core.config import Config
+from nanoverl_core.config import Config, settings_or_defaults
 from nanoverl_core.workers import resolve_device
 from nanoverl_hf.models import DTYPES, build_modules, check_model_source, resolve_source
 
@@ -46,7 +46,7 @@ def shard(module: torch.nn.Module, config: Config, device: torch.device) -> torc
     a model larger than one device train; on a tiny model it only costs collectives.
     """
     mesh = init_device_mesh(device.type, (parallel.world_size(),))
-    settings = config.worker.settings or FSDPSettings()
+    settings = settings_or_defaults(config.worker.settings, FSDPSettings)
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[settings.param_dtype], reduce_dtype=DTYPES[settings.reduce_dtype])
     blocks = set(getattr(module, "_no_split_modules", None) or ())
     module.to(device)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanoverl_core.algos import Groups, masked_whiten
+from nanoverl_core.config import settings_or_defaults
 from nanoverl_core.errors import ConfigError
 
 from .settings import GroupNormSettings, OptimalTokenBaselineSettings
@@ -266,7 +267,7 @@ def _inputs(batch: RLBatch) -> tuple[torch.Tensor, torch.Tensor, list]:
 
 def _norm(config: AlgorithmConfig) -> GroupNormSettings:
     """[algorithm.<name>] as loaded (defaults for a config built in code)."""
-    return config.settings if isinstance(config.settings, GroupNormSettings) else GroupNormSettings()
+    return settings_or_defaults(config.settings, GroupNormSettings)
 
 
 def grpo(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
@@ -336,8 +337,7 @@ def gpg(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
 
 def optimal_token_baseline(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
     """Optimal token baseline: a per-position group baseline weighted by the path variance so far."""
-    s = config.settings if isinstance(config.settings, OptimalTokenBaselineSettings) \
-        else OptimalTokenBaselineSettings()
+    s = settings_or_defaults(config.settings, OptimalTokenBaselineSettings)
     weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch else None
     return compute_optimal_token_baseline_advantages(*_inputs(batch), batch["old_log_probs"], batch["sum_pi_squared"],
                                                      weights, handle_zero_tail=s.handle_zero_tail, epsilon=s.epsilon)

@@ -44,7 +44,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from nanoverl_core import RLBatch, SamplingParams, responses_to_batch
-from nanoverl_core.config import Config
+from nanoverl_core.config import Config, settings_or_defaults
 from nanoverl_core.rollout import stop_token_ids
 from nanoverl_core.workers import autocast, cache_keyword, forward_keyword, prompt_cache
 
@@ -131,9 +131,7 @@ class HFRollout:
     def __init__(self, config: Config, workers, *, share: bool | None = None):
         """`share=None` shares the actor's module whenever that is safe; tests force either mode."""
         self.config = config
-        settings = config.rollout.settings
-        if not isinstance(settings, HFRolloutSettings):  # a config of another rollout (vllm's tests compare)
-            settings = HFRolloutSettings()
+        settings = settings_or_defaults(config.rollout.settings, HFRolloutSettings)   # vllm's tests hand it theirs
         self.share_prefix = settings.share_prompts
         """Prefill each distinct prompt once per micro-batch (see the module docstring); False: plain generate."""
         self.keeps_turns = settings.turn_cache

@@ -38,6 +38,7 @@ from typing import Any
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from nanoverl_core.config import settings_or_defaults
 from nanoverl_core.errors import RewardError
 from nanoverl_core.reward import ground_truth_value
 
@@ -88,7 +89,7 @@ def parse_gold(text: str, gold_format: str, timeout: int | None) -> list:
 def math_verify(prompt: str, response: str, sample: dict, settings: MathVerifySettings | None = None
                 ) -> dict[str, float]:
     """settings.correct / wrong / no_answer for `response` against the row's gold answer (see the module doc)."""
-    settings = settings or MathVerifySettings()
+    settings = settings_or_defaults(settings, MathVerifySettings)
     timeout = signal_timeout(settings.timeout_s)
     truth = gold_text(sample, settings.ground_truth_key)
     gold = parse_gold(truth, settings.gold_format, timeout)

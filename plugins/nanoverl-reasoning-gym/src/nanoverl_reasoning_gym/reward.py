@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from nanoverl_core.config import settings_or_defaults
+
 from .settings import ReasoningGymRewardSettings
 from .source import dataset_of
 
@@ -15,7 +17,7 @@ from .source import dataset_of
 def score(prompt: str, response: str, sample: dict, settings: ReasoningGymRewardSettings | None = None) -> float:
     from reasoning_gym.utils import extract_answer
 
-    settings = settings or ReasoningGymRewardSettings()
+    settings = settings_or_defaults(settings, ReasoningGymRewardSettings)
     ref = sample.get("reasoning_gym")
     if not isinstance(ref, dict):
         raise ValueError("the row has no 'reasoning_gym' reference; reward.name = \"reasoning_gym\" scores rows of "

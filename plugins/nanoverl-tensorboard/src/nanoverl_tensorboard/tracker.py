@@ -36,6 +36,7 @@ from typing import Any
 from torch.utils.tensorboard import SummaryWriter  # ImportError without tensorboard: the registry's install line
 
 from nanoverl_core import Config, UserError
+from nanoverl_core.config import settings_or_defaults
 
 from .settings import TensorBoardSettings
 
@@ -52,7 +53,7 @@ def make_tracker(config: Config, run_dir: Path, state: dict | None) -> TensorBoa
 def tensorboard_settings(config: Config) -> TensorBoardSettings:
     """config's [tracking.tensorboard] table (the defaults for a Config built in code, without `load_config`)."""
     settings = config.tracking.settings.get("tensorboard")
-    return settings if isinstance(settings, TensorBoardSettings) else TensorBoardSettings()
+    return settings_or_defaults(settings, TensorBoardSettings)
 
 
 class TensorBoardTracker:

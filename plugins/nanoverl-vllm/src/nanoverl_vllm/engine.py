@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from nanoverl_core import ConfigError
-from nanoverl_core.config import Config
+from nanoverl_core.config import Config, settings_or_defaults
 
 from . import SUPPORTED_VLLM
 from .settings import VLLMSettings
@@ -172,7 +172,7 @@ def engine_kwargs(config: Config, folder: Path, hf_config, *, load_format: str, 
     vLLM's LoRA for one adapter of that rank ([rollout.vllm] lora_sync = "adapter")."""
     max_model_len = config.data.max_prompt_length + config.rollout.max_new_tokens
     _check_model(config, hf_config, max_model_len)
-    settings = config.rollout.settings or VLLMSettings()
+    settings = settings_or_defaults(config.rollout.settings, VLLMSettings)
     kwargs: dict[str, Any] = dict(
         model=str(folder), load_format=load_format,
         skip_tokenizer_init=True,                     # prompts are token ids; responses stay token ids
@@ -253,8 +253,10 @@ def start_engine(kwargs: dict[str, Any]) -> LLM:
             raise
         raise ConfigError(f"the vLLM engine cannot get memory for its KV cache ({_first_sentence(exc)}); "
                           "free memory used by other processes, lower data.max_prompt_length + "
-                          "rollout.max_new_tokens, or size the cache: VLLM_CPU_KVCACHE_SPACE=<GiB> on CPU (unset: "
-                          "sized to the largest generate call), rollout.vllm.gpu_memory_utilization on GPU") from None
+                          "rollout.max_new_tokens, or size the cache: on CPU rollout.vllm.max_num_seqs (the cache "
+                          "holds that many sequences of full length; 0: one training generate call's rows, at "
+                          "least 64) or VLLM_CPU_KVCACHE_SPACE=<GiB>, on GPU rollout.vllm.gpu_memory_utilization"
+                          ) from None
     finally:
         torch.set_num_threads = set_num_threads
         random.setstate(py_state)

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from nanoverl_core import ConfigError, RLBatch, RolloutError, SamplingParams, responses_to_batch
-from nanoverl_core.config import Config
+from nanoverl_core.config import Config, settings_or_defaults
 from nanoverl_core.dist import is_distributed
 from nanoverl_core.rollout import sample_seeds, stop_token_ids
 
@@ -73,7 +73,7 @@ class VLLMRollout:
         self.tokenizer = workers.tokenizer
         self.actor = workers.actor                                  # re-read after a sleep or a failed sync
         check_config(config)
-        settings = config.rollout.settings if isinstance(config.rollout.settings, VLLMSettings) else VLLMSettings()
+        settings = settings_or_defaults(config.rollout.settings, VLLMSettings)
         self.adapter_mode = settings.lora_sync == "adapter" and config.model.lora.enable
         if self.adapter_mode and not hasattr(self.actor, "save_adapter"):
             raise ConfigError(f'rollout.vllm.lora_sync = "adapter" needs a LoRA actor with save_adapter / base_tensors '

@@ -2,7 +2,7 @@
 
 import attrs
 
-from nanoverl_core.config import above, at_least, between
+from nanoverl_core.config import above, at_least, between, settings_or_defaults
 
 LORA_SYNC = ("merged", "adapter")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -52,7 +52,7 @@ def check_config(config) -> None:
     """[rollout.vllm] lora_sync combinations vLLM's LoRA cannot serve, as ConfigErrors (before any model loads)."""
     from nanoverl_core import ConfigError
 
-    settings = config.rollout.settings if isinstance(config.rollout.settings, VLLMSettings) else VLLMSettings()
+    settings = settings_or_defaults(config.rollout.settings, VLLMSettings)
     if settings.lora_sync != "adapter":
         return
     lora = config.model.lora

@@ -48,6 +48,7 @@ import wandb  # ImportError without wandb: the registry prints the install line
 from wandb.proto import wandb_internal_pb2
 
 from nanoverl_core import Config, UserError
+from nanoverl_core.config import settings_or_defaults
 
 from .settings import WandbSettings
 
@@ -60,7 +61,7 @@ def make_tracker(config: Config, run_dir: Path, state: dict | None) -> WandbTrac
 def wandb_settings(config: Config) -> WandbSettings:
     """config's [tracking.wandb] table (the defaults for a Config built in code, without `load_config`)."""
     settings = config.tracking.settings.get("wandb")
-    return settings if isinstance(settings, WandbSettings) else WandbSettings()
+    return settings_or_defaults(settings, WandbSettings)
 
 
 class WandbTracker:

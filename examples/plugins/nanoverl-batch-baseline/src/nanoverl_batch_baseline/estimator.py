@@ -16,6 +16,7 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from nanoverl_core.algos import Groups
+from nanoverl_core.config import settings_or_defaults
 
 from .settings import BatchBaselineSettings
 
@@ -62,6 +63,6 @@ def compute_batch_baseline_advantages(token_level_rewards: torch.Tensor, respons
 def batch_mean_baseline(batch, config) -> tuple[torch.Tensor, torch.Tensor]:
     """The plugin contract: fn(batch: RLBatch, config: AlgorithmConfig) -> (advantages, returns).
     config.settings is this estimator's BatchBaselineSettings (nanoverl validated it when loading)."""
-    settings = config.settings or BatchBaselineSettings()
+    settings = settings_or_defaults(config.settings, BatchBaselineSettings)
     return compute_batch_baseline_advantages(batch["token_level_rewards"], batch["loss_mask"], batch["uid"],
                                              group_weight=settings.group_weight)

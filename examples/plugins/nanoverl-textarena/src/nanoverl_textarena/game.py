@@ -35,6 +35,7 @@ from typing import Any
 import textarena as ta                               # imported when a worker process loads the environment
 from textarena.envs.registration import ENV_REGISTRY
 
+from nanoverl_core.config import settings_or_defaults
 from nanoverl_core.env import EnvStep, Turn
 
 from .settings import TextArenaSettings
@@ -140,7 +141,7 @@ class TextArenaEpisode:
 
 def textarena_episode(sample: dict[str, Any], settings: TextArenaSettings | None = None) -> TextArenaEpisode:
     """The `register_environments` factory: the game and seed of the row's extra_info (env_id, seed)."""
-    settings = settings or TextArenaSettings()
+    settings = settings_or_defaults(settings, TextArenaSettings)
     extra = sample.get("extra_info") or {}
     env_id, seed = extra.get("env_id") or settings.env_id, extra.get("seed")
     if not env_id:

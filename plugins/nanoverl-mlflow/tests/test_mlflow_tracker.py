@@ -20,8 +20,8 @@ import pytest
 pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
-from nanoverl_core.builtins.mlflow_settings import MlflowSettings  # noqa: E402
-from nanoverl_core.builtins.mlflow_tracker import make_tracker  # noqa: E402
+from nanoverl_mlflow.settings import MlflowSettings  # noqa: E402
+from nanoverl_mlflow.tracker import make_tracker  # noqa: E402
 from nanoverl_core.config import Config  # noqa: E402
 from nanoverl_core.errors import UserError  # noqa: E402
 

@@ -19,7 +19,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (
 
 from test_mlflow_tracker import MlflowServer, copy_store, empty_store, make_config  # noqa: E402,F401
 
-from nanoverl_core.builtins.mlflow_tracker import make_tracker  # noqa: E402
+from nanoverl_mlflow.tracker import make_tracker  # noqa: E402
 
 CHROMIUM = os.environ.get("NANOVERL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 

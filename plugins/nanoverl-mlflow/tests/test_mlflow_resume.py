@@ -47,3 +47,4 @@ def test_killed_and_resumed_run_is_one_mlflow_run_with_each_step_once(tmp_path):
     assert {m.step: m.value for m in history} == pytest.approx(jsonl)
     val = client.get_metric_history(runs[0].info.run_id, "val/reward/mean")
     assert sorted(m.step for m in val) == [4, 8]
+

@@ -1,7 +1,8 @@
 """The ``mlflow`` tracker: every run browsable in the MLflow UI, a resumed run continues its MLflow run.
 
-Selected by ``tracking.trackers = [..., "mlflow"]``; needs ``pip install "nanoverl[mlflow]"``. This
-module is the only place that imports mlflow, and it is imported only when "mlflow" is selected.
+Selected by ``tracking.trackers = [..., "mlflow"]``; needs ``pip install "nanoverl[mlflow]"`` (this
+distribution, nanoverl-mlflow, and mlflow). This module is the only place that imports mlflow, and it is
+imported only when "mlflow" is selected.
 
 What lands where (docs/mlflow.md has the user's view):
 - one MLflow run per run directory, in experiment ``[tracking.mlflow] experiment``, named
@@ -43,9 +44,10 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.utils.validation import (MAX_ENTITY_KEY_LENGTH, MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH,
                                      MAX_PARAMS_TAGS_PER_BATCH, MAX_TAG_VAL_LENGTH)
 
-from ..config import Config
-from ..errors import UserError
-from .mlflow_settings import MlflowSettings
+from nanoverl_core.config import Config, settings_or_defaults
+from nanoverl_core.errors import UserError
+
+from .settings import MlflowSettings
 
 # MLflow's HTTP client retries a failed request for minutes by default, logging each retry. These
 # bound the tracker's own calls (values the user exported win): no HTTP-level retry, since a failed
@@ -66,7 +68,7 @@ def make_tracker(config: Config, run_dir: Path, state: dict | None) -> MlflowTra
 def mlflow_settings(config: Config) -> MlflowSettings:
     """config's [tracking.mlflow] table (the defaults for a Config built in code, without `load_config`)."""
     settings = config.tracking.settings.get("mlflow")
-    return settings if isinstance(settings, MlflowSettings) else MlflowSettings()
+    return settings_or_defaults(settings, MlflowSettings)
 
 
 EXPERIMENT_KIND = "mlflow.experimentKind"

@@ -1,0 +1,3 @@
+"""nanoverl-mlflow: the ``mlflow`` tracker (``tracking.trackers = [..., "mlflow"]``)."""
+
+__version__ = "0.2.0"
