@@ -218,7 +218,7 @@ NOT_CONTRACTS = {
     # vLLM, MLflow, Reasoning Gym (a task config's validate()) and Python objects
     "ensure_alive", "resources", "processes", "error_code", "_metric_objs", "validate", "strerror", "__module__", "__qualname__",
     "_validators",  # attrs' and_ validator (a list of validators on a field), searched for a declared domain
-    "from_program",  # nanoverl-code's checker: what it sets on an exception raised in the program's process
+    "Solution", "__all__",  # nanoverl-code: a program's LeetCode-style class; a star-imported module's names
     # nanoverl's own objects read defensively (Trainer.rollout before it is built, a partial Config)
     "rollout", "trainer", "total_steps",
 }
