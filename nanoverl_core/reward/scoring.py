@@ -14,9 +14,10 @@ Where the calls run (`pool.py` the worker pool, on nanoverl_core.processes; `cal
   * `reward.workers = 0` calls them in the trainer process (debugging; a timeout then holds only in
     the main thread, and a crash takes the run with it);
   * a *batched* reward (`fn.batched = True`: lists of prompts, responses and rows in, a list of
-    scores out, e.g. the reward model of nanoverl-hf) always runs in the trainer process, once per
-    step, so its model is loaded once and sits on the device it was given; so does a TRL reward
-    function (batched by contract; a None in its list scores 0, as in TRL's sum over functions).
+    scores out, e.g. the reward model of nanoverl-hf) runs once per step in one worker process of its
+    own, which keeps its model loaded for the run; so does a TRL reward function (batched by contract;
+    a None in its list scores 0, as in TRL's sum over functions). Both run in the trainer process only
+    with `reward.workers = 0` or when a worker cannot import them (a closure).
 
 Every failed call (raised, timed out, not a finite number, its worker died or ran out of memory)
 either stops the run naming the row (`reward.on_error = "raise"`, exit 2) or scores 0 and is counted
@@ -178,7 +179,14 @@ class RewardScorer:
 
     def score_components(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train",
                          step: int | None = None) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        """`score`, plus each component's own score (B, K) (0 for a failed call; K = 1 without components).
+        """`score`, plus each component's own score (B, K) (0 for a failed call; K = 1 without components)."""
+        return self.score_rows(batch, response_texts, phase=phase, step=step)[:3]
+
+    def score_rows(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train",
+                   step: int | None = None) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, list[dict]]:
+        """`score_components`, plus each row's own detail: a dict of the extra keys its rewards returned,
+        under their metric names (reward/<key>, with components reward/<name>/<key> and each component's
+        score as reward/<name>/mean), and "error" (what went wrong, with the kind) for a failed call.
 
         Under torchrun each rank calls the rewards on its own share of the rows (`dist.rank_rows`; a
         batched reward, such as a reward model, gets that share as its batch) and the outcomes are
@@ -211,9 +219,10 @@ class RewardScorer:
                     break
         return self._combine(batch, response_texts, gather_dicts(outcomes), phase, step)
 
-    def _combine(self, batch, texts, outcomes, phase, step) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    def _combine(self, batch, texts, outcomes, phase, step) -> tuple[torch.Tensor, dict[str, float], torch.Tensor,
+                                                                    list[dict]]:
         n, many = len(texts), len(self.specs) > 1
-        scores, extras, per_component = [0.0] * n, defaultdict(list), []
+        scores, extras, per_component, rows = [0.0] * n, defaultdict(list), [], [{} for _ in range(n)]
         counts = {"errors": 0, "timeouts": 0, "crashes": 0}
         failures = sorted((key, o) for key, o in outcomes.items() if o[0] != "ok")
         if failures:
@@ -233,17 +242,23 @@ class RewardScorer:
                     counts["errors"] += 1
                     counts["timeouts"] += kind == "timeout"
                     counts["crashes"] += kind == "crash"
+                    message = value if str(value).startswith(kind) else f"{kind}: {value}"
+                    rows[i]["error"] = message + (f" ({spec.label})" if many else "")
                     value, extra = 0.0, {}
                 scores[i] += spec.weight * value
                 values.append(value)
                 for key, v in extra.items():
                     extras[prefix + key].append(v)
+                    rows[i][prefix + key] = v
+                if many:
+                    rows[i][prefix + "mean"] = value
             per_component.append(values)
             if many:
                 extras[prefix + "mean"] = values
         metrics = {key: sum(v) / len(v) for key, v in extras.items()}
         metrics.update({f"reward/{k}": float(v) for k, v in counts.items()})
-        return torch.tensor(scores, dtype=torch.float32), metrics, torch.tensor(per_component, dtype=torch.float32).T
+        return (torch.tensor(scores, dtype=torch.float32), metrics, torch.tensor(per_component, dtype=torch.float32).T,
+                rows)
 
     def _append_errors(self, records: list[dict]) -> None:
         """Append records to reward_errors.jsonl (rank 0 only: every rank holds every row's outcome)."""
@@ -263,26 +278,29 @@ class RewardScorer:
                              for (i, c), (kind, message, _) in failures])
 
     def score_responses(self, batch: RLBatch, tokenizer, *, phase: str = "train",
-                        step: int | None = None) -> tuple[torch.Tensor, list[str], dict[str, float]]:
-        """(answer scores (B,), response texts, metrics): [reward] on each row's response, for a multi-turn
-        episode its last model turn (0 with score_answer off, and for an episode whose environment failed,
-        which also goes to reward_errors.jsonl). The environment's rewards are the batch's `turn_rewards`."""
-        scores, texts, metrics, _ = self._score_responses(batch, tokenizer, phase, step)
-        return scores, texts, metrics
+                        step: int | None = None) -> tuple[torch.Tensor, list[str], dict[str, float], list[dict]]:
+        """(answer scores (B,), response texts, metrics, each row's detail as `score_rows` gives it): [reward]
+        on each row's response, for a multi-turn episode its last model turn (0 with score_answer off, and
+        for an episode whose environment failed, which also goes to reward_errors.jsonl). The environment's
+        rewards are the batch's `turn_rewards`."""
+        scores, texts, metrics, _, rows = self._score_responses(batch, tokenizer, phase, step)
+        return scores, texts, metrics, rows
 
-    def _score_responses(self, batch, tokenizer, phase, step) -> tuple[torch.Tensor, list[str], dict, torch.Tensor]:
+    def _score_responses(self, batch, tokenizer, phase, step) -> tuple[torch.Tensor, list[str], dict, torch.Tensor,
+                                                                       list[dict]]:
         """`score_responses` and each component's score (B, K)."""
         texts = decode_responses(tokenizer, batch)
         episodes = is_episodes(batch)
         if episodes and not self.score_answer:
-            scores, metrics, components = torch.zeros(len(batch)), {}, torch.zeros(len(batch), len(self.specs))
+            scores, metrics = torch.zeros(len(batch)), {}
+            components, rows = torch.zeros(len(batch), len(self.specs)), [{} for _ in range(len(batch))]
         else:
-            scores, metrics, components = self.score_components(batch, texts, phase=phase, step=step)
+            scores, metrics, components, rows = self.score_rows(batch, texts, phase=phase, step=step)
         if episodes and bool(batch["episode_failed"].any()):
             scores = scores.masked_fill(batch["episode_failed"], 0.0)
             components = components.masked_fill(batch["episode_failed"][:, None], 0.0)
             self._write_episode_failures(batch, phase, step)
-        return scores, texts, metrics, components
+        return scores, texts, metrics, components, rows
 
     def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None, *,
                     phase: str = "train") -> tuple[RLBatch, dict[str, float]]:
@@ -291,7 +309,7 @@ class RewardScorer:
         reward on the turn it answered), with the overlong penalty (reward.overlong_buffer_len) added.
         With [[reward.components]] also component_scores and component_weights (B, K): each component's
         own score (before its weight) and its weight, on every row."""
-        scores, texts, metrics, components = self._score_responses(batch, tokenizer, phase, step)
+        scores, texts, metrics, components, _ = self._score_responses(batch, tokenizer, phase, step)
         mask = batch["response_mask"]
         if self.max_new_tokens and self.cfg.overlong_buffer_len:
             penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,

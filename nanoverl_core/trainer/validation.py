@@ -48,10 +48,13 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
 
     Returns ({"reward/mean", f"reward/best@{n}", f"reward/pass@{k}" for k in pass_ks(n) (a sample passes
     with a score >= reward.pass_threshold), "reward/errors", "reward/timeouts", "reward/crashes" (failed
-    reward calls, summed), "<source>/reward/mean" (when there are sources), and for multi-turn episodes
-    the episode/... metrics of training (turns, tool calls, ...) over all samples}, the first `keep` sample
-    rows: prompt, response, score (keep = -1: every sample, each also with its data row's index, data source
-    and the row itself, what `nanoverl-train eval --samples` writes)).
+    reward calls, summed), every extra key the rewards return as in training (reward/<key>, with components
+    reward/<name>/<key> and reward/<name>/mean: the mean over the samples that returned it),
+    "rollout/truncated_frac" (samples that ended without a stop token), "<source>/reward/mean" (when there
+    are sources), and for multi-turn episodes the episode/... metrics of training (turns, tool calls, ...)
+    over all samples}, the first `keep` sample rows: prompt, response, score, the rewards' extra keys
+    ("extras") and a failed call's "error" (keep = -1: every sample, each also with its data row's index,
+    data source and the row itself, what `nanoverl-train eval --samples` writes)).
     `progress(k)` is called after each batch of k prompts.
     Runs under a forked RNG seeded from `seed` (the CPU's and every CUDA device's, since re-seeding
     seeds them all), so it leaves the caller's random stream untouched.
@@ -59,7 +62,9 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
     by_source: dict[str, list[float]] = defaultdict(list)
     means, bests, samples, passed = [], [], [], []
     failures: dict[str, float] = defaultdict(float)
+    extras: dict[str, list[float]] = defaultdict(list)  # each extra key's values, over the samples that returned it
     episodes: dict[str, float] = defaultdict(float)  # sums over samples (episode/errors is a count already)
+    truncated = 0
     with fork_rng():
         torch.manual_seed(seed)
         for start in range(0, len(data), config.data.val_batch_size):
@@ -68,10 +73,15 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             batch["uid"] = [f"val-{i}" for i in indices]
             batch = batch.repeat_interleave(n)
             batch.update(check_rollout_columns(rollout.generate(batch, params), config.rollout.name))
-            scores, texts, reward_metrics = scorer.score_responses(batch, tokenizer, phase="val", step=step)
+            scores, texts, reward_metrics, details = scorer.score_responses(batch, tokenizer, phase="val", step=step)
             scores = with_episode_rewards(scores, batch)
             for key in ("reward/errors", "reward/timeouts", "reward/crashes"):
                 failures[key] += reward_metrics.get(key, 0.0)
+            for detail in details:
+                for key, value in detail.items():
+                    if key != "error":
+                        extras[key].append(value)
+            truncated += int(batch["truncated"].sum())
             if is_episodes(batch):
                 for key, value in episode_metrics(batch).items():
                     episodes[key] += value if key == "episode/errors" else value * len(batch)
@@ -84,17 +94,27 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             every = keep < 0
             samples += [{**({"index": batch["index"][i], "data_source": batch["data_source"][i]} if every else {}),
                          "prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i]),
+                         **sample_detail(details[i]),
                          **({"episode": batch["episode"][i]} if is_episodes(batch) else {}),
                          **({"row": batch["row"][i]} if every else {})}
                         for i in range(len(batch) if every else min(keep - len(samples), len(batch)))]
             if progress is not None:
                 progress(len(indices))
     metrics = {"reward/mean": sum(means) / len(means), f"reward/best@{n}": sum(bests) / len(bests), **failures}
+    metrics.update({key: sum(values) / len(values) for key, values in sorted(extras.items())})
+    metrics["rollout/truncated_frac"] = truncated / (len(means) * n)
     metrics.update({key: value if key == "episode/errors" else value / len(means) / n for key, value in episodes.items()})
     metrics.update({f"reward/pass@{k}": sum(pass_at_k(n, c, k) for c in passed) / len(passed) for k in pass_ks(n)})
     if len(by_source) > 1 or "default" not in by_source:
         metrics.update({f"{src}/reward/mean": sum(v) / len(v) for src, v in sorted(by_source.items())})
     return metrics, samples
+
+
+def sample_detail(detail: dict) -> dict:
+    """A sample row's share of a scorer's row detail: {"extras": {key: value}} when its rewards returned extra
+    keys (under their metric names), {"error": <what went wrong>} when a call failed."""
+    extras = {k: v for k, v in detail.items() if k != "error"}
+    return ({"extras": extras} if extras else {}) | ({"error": detail["error"]} if "error" in detail else {})
 
 
 def validate(trainer) -> dict[str, float]:
@@ -167,8 +187,22 @@ def format_eval(report: dict[str, Any]) -> str:
                     if key.endswith("/reward/mean") and key != "reward/mean"]
     lines += [f"  {name:<10} {source}: {value:.4f}" for name, source, value in sources]
     lines += [f"  {name:<10} {key}: {value:.4f}" for name, m in report["results"].items()
-              for key, value in m.items() if key.startswith("episode/") and key.endswith(("/mean", "/rate"))]
+              for key, value in m.items() if shown_in_table(key, value)]
     return "\n".join(lines)
+
+
+COUNTS = ("reward/errors", "reward/timeouts", "reward/crashes", "episode/errors")
+
+
+def shown_in_table(key: str, value: float) -> bool:
+    """The metrics the eval table lists under its rows: the rewards' extra keys (reward/<key>, the code reward's
+    compile_error, ...), rollout/truncated_frac, the episode counters' /mean and /rate, and failed calls when
+    there were any; not the columns (mean@n, best@n), pass@k or the per-source means listed above them."""
+    if key in COUNTS:
+        return value > 0
+    if key.startswith("reward/"):
+        return key != "reward/mean" and not key.startswith(("reward/best@", "reward/pass@"))
+    return key == "rollout/truncated_frac" or key.startswith("episode/") and key.endswith(("/mean", "/rate"))
 
 
 def eval_before_after(trainer, when: str) -> None:
