@@ -176,7 +176,7 @@ def cmd_translate(argv: list[str]) -> int:
     else:
         text = " ".join(shlex.quote(word) if "=" not in word else word for word in args.source)
     from .config.load import _field_type
-    from .foreign_keys import as_overrides, as_toml, parse_foreign, translate
+    from .translate import as_overrides, as_toml, parse_foreign, translate
     whose, values = parse_foreign(text)
     if not values:
         raise UserError("translate: found no key=value words and no GRPOConfig(...) call; pass a verl command line "

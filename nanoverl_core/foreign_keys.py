@@ -8,8 +8,8 @@ nanoverl's setting and, where the meanings differ, the value translated:
     data.batch_size=64 (...); 'algorithm.adv_estimator' (verl's name): use algorithm.advantage_estimator=gae
     critic.enable=true; ...
 
-FOREIGN_KEYS is the one table: the error, `translate` (the `nanoverl-train translate` command) and
-`foreign_name_hint` (an unknown registry name that is verl's or TRL's) read it, and
+FOREIGN_KEYS is the one table: the error, `nanoverl_core.translate` (the `nanoverl-train translate`
+command) and `foreign_name_hint` (an unknown registry name that is verl's or TRL's) read it, and
 tests/test_from_verl_and_trl.py checks that every target is a key nanoverl has and that no foreign key
 is one. TRL_LOSS_TYPES is the `loss_type` table of the docs page, whose every row
 tests/test_trl_loss_types.py checks against TRL's formula and against `translate`. It lives outside
@@ -20,13 +20,8 @@ which a TRL config file writes at the top level.
 
 from __future__ import annotations
 
-import ast
-import re
-import shlex
 from collections.abc import Callable
 from typing import Any, NamedTuple
-
-import yaml
 
 from .errors import ConfigError
 
@@ -221,7 +216,7 @@ def _accumulation(v, given) -> dict[str, Any]:
                                               "per_device_train_batch_size * gradient_accumulation_steps")}
 
 
-FOREIGN_KEYS: dict[str, Foreign] = {
+_TABLE: dict[str, tuple] = {
     # path: (whose, nanoverl key, note[, value translation])
     # ---- verl: data / trainer ----
     "data.train_batch_size": (V, "data.batch_size", "prompts per step, before rollout.n samples each"),
@@ -364,19 +359,19 @@ FOREIGN_KEYS: dict[str, Foreign] = {
     "dataset_name": (T, "data.train_files", "local jsonl / json / parquet files"),
 }
 
-FOREIGN_KEYS = {path: Foreign(*entry) for path, entry in FOREIGN_KEYS.items()}
+FOREIGN_KEYS: dict[str, Foreign] = {path: Foreign(*entry) for path, entry in _TABLE.items()}
 
 VERL_ONLY_SECTIONS = ("actor_rollout_ref", "custom_reward_function", "reward_model", "ray_kwargs", "ray_init",
                       "global_profiler")
 """Top-level sections only verl has: a key under one that FOREIGN_KEYS lacks is named as verl's."""
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
     """A value as an override writes it (`true`, `1e-06`, `[console, wandb]`)."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):
-        return "[" + ",".join(_shown(v) for v in value) + "]"  # one shell word
+        return "[" + ",".join(shown_value(v) for v in value) + "]"  # one shell word
     if isinstance(value, float) and "e" in f"{value:g}":  # 1e9, 1e-6: as the docs write them
         mantissa, exponent = f"{value:g}".split("e")
         return f"{mantissa}e{int(exponent)}"
@@ -406,7 +401,7 @@ def foreign_key_message(path: str, value: Any = None, given: dict[str, Any] | No
             return f"{path!r} ({whose}'s name): " + (f"use {target}, but {reason}" if target else reason)
         if settings == {}:
             return f"{path!r} ({whose}'s name): nothing to set for this value ({target}: {note})"
-        use = " ".join(f"{k}={_shown(v)}" for k, v in settings.items()) if settings else target
+        use = " ".join(f"{k}={shown_value(v)}" for k, v in settings.items()) if settings else target
         if not use:
             return f"{path!r} ({whose}'s name): {note}"
         shown_note = note and not (settings and translated)  # a translated value says what the note would
@@ -461,7 +456,7 @@ def foreign_name_hint(kind: str, name: str) -> str | None:
         row = TRL_LOSS_TYPES[name] or TRL_SEQUENCE_LOSS_TYPES.get(name)
         if row is None:
             return f"{name!r} is TRL's loss_type {name!r}, which no nanoverl loss computes"
-        settings = " ".join(f"{k}={_shown(v)}" for k, v in row.items())
+        settings = " ".join(f"{k}={shown_value(v)}" for k, v in row.items())
         level = ' (with importance_sampling_level="sequence")' if TRL_LOSS_TYPES[name] is None else ""
         return f"{name!r} is TRL's loss_type{level}; in nanoverl: {settings}"
     if kind in ("policy_loss", "advantage_estimator") and name == "ppo":
@@ -470,106 +465,3 @@ def foreign_name_hint(kind: str, name: str) -> str | None:
     if kind == "advantage_estimator" and VERL_ESTIMATORS.get(name, name) != name:
         return f"{name!r} is verl's vectorised {VERL_ESTIMATORS[name]}: algorithm.advantage_estimator={VERL_ESTIMATORS[name]}"
     return None
-
-
-# ---- a whole command or config ---------------------------------------------------------------------------
-class Translation(NamedTuple):
-    settings: dict[str, Any]
-    """nanoverl key -> value, in the order the foreign keys came."""
-    unmapped: list[tuple[str, str]]
-    """(the foreign `key=value`, why it has no nanoverl setting)."""
-    assumed: list[str]
-    """TRL defaults the translation assumed for fields the config left out (where nanoverl's differ)."""
-
-
-def parse_foreign(text: str) -> tuple[str, dict[str, Any]]:
-    """("verl" or "TRL", {key: value}) of a verl command line (`python3 -m verl.trainer.main_ppo key=value
-    ...`, Hydra's +/++/~ prefixes, shell line continuations) or a TRL `GRPOConfig(...)` call (Python keyword
-    arguments; an argument that is not a literal is kept as its source text)."""
-    call = re.search(r"GRPOConfig\s*\(", text)
-    if call:
-        start = call.start()
-        for end in range(len(text), start, -1):  # the shortest tail that parses: the call's closing parenthesis
-            try:
-                node = ast.parse(text[start:end].strip(), mode="eval").body
-                break
-            except SyntaxError:
-                continue
-        else:
-            raise ConfigError("the GRPOConfig(...) call does not parse as Python; pass the call as written")
-        values = {}
-        for kw in node.keywords:
-            if kw.arg is None:
-                raise ConfigError("GRPOConfig(**kwargs): write the keyword arguments out, each name=value")
-            try:
-                values[kw.arg] = ast.literal_eval(kw.value)
-            except ValueError:
-                values[kw.arg] = ast.unparse(kw.value)
-        return "TRL", values
-    values = {}
-    for word in shlex.split(text.replace("\\\n", " "), comments=True):
-        key, sep, value = word.partition("=")
-        key = key.lstrip("+~")
-        if not sep or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
-            continue  # python3, -m, the module, a flag
-        try:
-            values[key] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
-            values[key] = value
-        if isinstance(values[key], str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", values[key]):
-            values[key] = float(values[key])  # YAML reads 1e-6 as text
-    return "verl", values
-
-
-def translate(whose: str, values: dict[str, Any], known: Callable[[str], bool]) -> Translation:
-    """nanoverl's settings for a foreign command's or config's `values` (`known(path)`: a nanoverl key, which
-    carries over as it is). For a TRL config, TRL's defaults where nanoverl's differ (TRL_DEFAULTS: its loss,
-    its advantage normalisation) are translated too, and listed in `assumed`."""
-    given, assumed = dict(values), []
-    if whose == "TRL":
-        for key in ("loss_type", "scale_rewards"):
-            if key not in given:
-                given[key] = TRL_DEFAULTS[key]
-                assumed.append(f"{key}={_shown(TRL_DEFAULTS[key])}")
-    settings: dict[str, Any] = {}
-    unmapped: list[tuple[str, str]] = []
-    for key, value in given.items():
-        if key in FOREIGN_KEYS:
-            try:
-                settings.update(translate_key(key, value, given))
-            except Untranslatable as exc:
-                unmapped.append((f"{key}={_shown(value)}", str(exc)))
-            except (TypeError, ValueError):
-                unmapped.append((f"{key}={_shown(value)}", f"not a value nanoverl reads ({FOREIGN_KEYS[key].note or 'see docs/from-verl-and-trl.md'})"))
-        elif known(key):
-            settings[key] = value
-        elif key.split(".", 1)[0] in VERL_ONLY_SECTIONS or whose == "TRL":
-            unmapped.append((f"{key}={_shown(value)}", "nanoverl has no key for it"))
-        else:
-            unmapped.append((f"{key}={_shown(value)}", "not a key of verl's that nanoverl maps, nor a nanoverl key"))
-    return Translation(settings, unmapped, assumed)
-
-
-def as_overrides(settings: dict[str, Any]) -> list[str]:
-    """`key=value` overrides, as the command line takes them."""
-    return [f"{key}={_shown(value)}" for key, value in settings.items()]
-
-
-def as_toml(settings: dict[str, Any]) -> str:
-    """The settings as a TOML config: one table per section (a component's settings in [section.name])."""
-    tables: dict[str, dict[str, Any]] = {}
-    for key, value in settings.items():
-        table, _, name = key.rpartition(".")
-        tables.setdefault(table, {})[name] = value
-    return "\n\n".join(f"[{table}]\n" + "\n".join(f"{name} = {_toml(v)}" for name, v in items.items())
-                       for table, items in tables.items()) + "\n"
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

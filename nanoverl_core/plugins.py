@@ -93,15 +93,24 @@ def import_ref(ref: str) -> Any:
     return obj
 
 
-def import_file(path: str | Path, prefix: str) -> Any:
-    """The module a user's .py file defines (reward.file, environment.file), imported under the name
-    `<prefix>_<stem>`; its exceptions propagate (callers name the key and the file)."""
+def import_file(path: str | Path, key: str, error: type[Exception] = PluginError) -> Any:
+    """The module a user's .py file defines, named by the config key `key` (reward.file, environment.file):
+    a missing file is a ConfigError, one that raises while it imports is `error`, each naming the key."""
     import importlib.util
 
+    from .errors import ConfigError
+
     path = Path(path)
-    spec = importlib.util.spec_from_file_location(f"{prefix}_{path.stem}", path)
+    section = key.partition(".")[0]
+    if not path.is_file():
+        raise ConfigError(f"{key} = {str(path)!r} does not exist; fix the path or use {section}.name")
+    spec = importlib.util.spec_from_file_location(f"nanoverl_{section}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise error(f"{key} {path} failed to import ({detail}); fix the file") from None
     return module
 
 

@@ -148,7 +148,7 @@ def test_a_verl_command_names_every_foreign_key_in_one_error_with_its_translated
     """Before, each run named one foreign key (not the first); now one line names all of them, each with
     nanoverl's setting and value (gae needs a critic: critic.enable=true; verl's top_k -1 is 0), the ones
     nanoverl has no key for, and the other keys it does not know either."""
-    from nanoverl_core.foreign_keys import parse_foreign
+    from nanoverl_core.translate import parse_foreign
 
     _, values = parse_foreign(VERL_COMMAND.format(data=ROOT / "examples" / "data" / "debug_copy"))
     words = [f"{k}={v}" for k, v in values.items() if not str(k).startswith("data.") or "files" not in k]

@@ -90,6 +90,6 @@ def test_score_refuses_a_file_that_is_not_responses_with_one_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1=", "target": "1"}\n')
     assert_user_error(run_cli("score", "--config", REINFORCE, "--responses", str(bad)),
-                      f"{bad} line 1 has no \"response\" text")
+                      f"{bad}:1 has no \"response\" text")
     assert_user_error(run_cli("score", "--config", REINFORCE, "--responses", str(tmp_path / "none.jsonl")),
                       "does not exist")

@@ -171,7 +171,7 @@ def test_translate_gives_each_rows_settings_so_the_table_is_its_only_source(row)
     """`nanoverl-train translate` (foreign_keys.translate) of each row's GRPOConfig gives the row's nanoverl
     settings, checked against TRL's formula above; a "no" row is reported as not mapped, not guessed."""
     from nanoverl_core.config.load import _field_type, _parse_value
-    from nanoverl_core.foreign_keys import translate
+    from nanoverl_core.translate import translate
 
     trl, overrides, equal, line = row
     registry = first_party_registry()

@@ -54,13 +54,7 @@ class EnvironmentSource:
         if not self.file:
             return import_ref(self.ref)
         path = Path(self.file)
-        if not path.is_file():
-            raise ConfigError(f"environment.file = {self.file!r} does not exist; fix the path or use environment.name")
-        try:
-            module = import_file(path, "nanoverl_environment")
-        except Exception as exc:
-            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-            raise ConfigError(f"environment.file {path} failed to import ({detail}); fix the file") from None
+        module = import_file(path, "environment.file", ConfigError)
         key = "environment.function" if self.function else "environment.tools"
         found = {name: getattr(module, name, None) for name in ((self.function,) if self.function else self.tools)}
         missing = [name for name, fn in found.items() if not callable(fn)]

@@ -88,12 +88,7 @@ def load_function(spec: ComponentSpec) -> Callable:
     if not spec.file:
         return import_ref(spec.ref)
     path = Path(spec.file)
-    if not path.is_file():
-        raise ConfigError(f"reward.file = {spec.file!r} does not exist; fix the path or use reward.name")
-    try:
-        module = import_file(path, "nanoverl_reward")
-    except Exception as exc:
-        raise RewardError(f"reward.file {path} failed to import ({type(exc).__name__}: {exc})") from None
+    module = import_file(path, "reward.file", RewardError)
     fn = getattr(module, spec.function, None)
     if not callable(fn):
         raise ConfigError(f"reward.function = {spec.function!r} is not a function in {path}; "

@@ -76,12 +76,9 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
             "prompts": len(data), "results": results}
 
 
-def read_responses(path: Path, prompt_key: str) -> list[tuple[str, str, dict]]:
-    """(prompt text, response, data row) of each line of a responses file: a JSON object with "response"
-    and the data row's columns beside it, or under "row" (what `eval --samples` writes). The prompt is the
-    line's "prompt" text, or a chat row's messages' contents joined with newlines (no tokenizer is loaded)."""
-    if not path.is_file():
-        raise ConfigError(f"--responses {path} does not exist; name a jsonl file of objects with a \"response\"")
+def response_lines(path: Path, hint: str) -> list[dict]:
+    """The JSON objects of a jsonl file of responses, each with "response" text (`eval --samples` writes
+    one); a line that is not such an object is a DataError naming the file and line, then `hint`."""
     out = []
     for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
@@ -89,10 +86,22 @@ def read_responses(path: Path, prompt_key: str) -> list[tuple[str, str, dict]]:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{path} line {number} is not JSON ({exc.msg}); each line holds one object") from None
+            raise DataError(f"{path}:{number} is not JSON ({exc.msg}); {hint}") from None
         if not isinstance(item, dict) or not isinstance(item.get("response"), str):
-            raise DataError(f"{path} line {number} has no \"response\" text; each line is a data row with the "
-                            "response to score under \"response\" (or an `eval --samples` line)")
+            raise DataError(f"{path}:{number} has no \"response\" text; {hint}")
+        out.append(item)
+    return out
+
+
+def read_responses(path: Path, prompt_key: str) -> list[tuple[str, str, dict]]:
+    """(prompt text, response, data row) of each line of a responses file: a JSON object with "response"
+    and the data row's columns beside it, or under "row" (what `eval --samples` writes). The prompt is the
+    line's "prompt" text, or a chat row's messages' contents joined with newlines (no tokenizer is loaded)."""
+    if not path.is_file():
+        raise ConfigError(f"--responses {path} does not exist; name a jsonl file of objects with a \"response\"")
+    out = []
+    for item in response_lines(path, "each line is a data row with the response to score under \"response\" "
+                                     "(or an `eval --samples` line)"):
         row = item["row"] if isinstance(item.get("row"), dict) else {k: v for k, v in item.items() if k != "response"}
         prompt = item.get("prompt", row.get(prompt_key, ""))
         if isinstance(prompt, list):
