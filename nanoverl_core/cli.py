@@ -166,7 +166,10 @@ def cmd_translate(argv: list[str]) -> int:
                    "command's words themselves (after --)")
     p.add_argument("--toml", action="store_true", help="print a TOML config instead of overrides")
     args = p.parse_args(argv)
-    if args.source in ([], ["-"]):
+    if not args.source:
+        raise UserError("translate needs what to translate: a file holding the verl command or the GRPOConfig(...) "
+                        "call, - to read it from stdin, or the command's words after --")
+    if args.source == ["-"]:
         text = sys.stdin.read()
     elif len(args.source) == 1 and Path(args.source[0]).is_file():
         text = Path(args.source[0]).read_text(encoding="utf-8", errors="replace")
