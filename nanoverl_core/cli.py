@@ -177,7 +177,7 @@ def cmd_translate(argv: list[str]) -> int:
         raise UserError(f"translate: {args.source[0]} is not a file; name a file holding the command or the "
                         "GRPOConfig(...) call, - for stdin, or pass the command's words after --")
     else:
-        text = " ".join(shlex.quote(word) if "=" not in word else word for word in args.source)
+        text = " ".join(map(shlex.quote, args.source))  # the words as the shell passed them
     from .config.load import _field_type
     from .translate import as_overrides, as_toml, parse_foreign, translate
     whose, values = parse_foreign(text)

@@ -367,7 +367,7 @@ VERL_ONLY_SECTIONS = ("actor_rollout_ref", "custom_reward_function", "reward_mod
 
 
 def shown_value(value: Any) -> str:
-    """A value as an override writes it (`true`, `1e-06`, `[console, wandb]`)."""
+    """A value as an override writes it (`true`, `1e-6`, `[console,wandb]`: one shell word)."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):

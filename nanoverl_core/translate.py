@@ -22,6 +22,10 @@ from .errors import ConfigError
 from .foreign_keys import FOREIGN_KEYS, TRL_DEFAULTS, VERL_ONLY_SECTIONS, Untranslatable, shown_value, translate_key
 
 
+class Expression(str):
+    """A GRPOConfig argument that is not a literal (`learning_rate=lr`): its source text, which has no value here."""
+
+
 class Translation(NamedTuple):
     settings: dict[str, Any]
     """nanoverl key -> value, in the order the foreign keys came."""
@@ -34,17 +38,17 @@ class Translation(NamedTuple):
 def parse_foreign(text: str) -> tuple[str, dict[str, Any]]:
     """("verl" or "TRL", {key: value}) of a verl command line (`python3 -m verl.trainer.main_ppo key=value
     ...`, Hydra's +/++/~ prefixes, shell line continuations) or a TRL `GRPOConfig(...)` call (Python keyword
-    arguments; an argument that is not a literal is kept as its source text)."""
+    arguments; an argument that is not a literal is an Expression, its source text)."""
     call = re.search(r"GRPOConfig\s*\(", text)
     if call:
-        start = call.start()
-        for end in range(len(text), start, -1):  # the shortest tail that parses: the call's closing parenthesis
+        start, node = call.start(), None
+        for close in re.finditer(r"\)", text[start:]):  # the first ")" after which the text parses closes the call
             try:
-                node = ast.parse(text[start:end].strip(), mode="eval").body
+                node = ast.parse(text[start:start + close.end()], mode="eval").body
                 break
             except SyntaxError:
                 continue
-        else:
+        if node is None:
             raise ConfigError("the GRPOConfig(...) call does not parse as Python; pass the call as written")
         values = {}
         for kw in node.keywords:
@@ -53,7 +57,7 @@ def parse_foreign(text: str) -> tuple[str, dict[str, Any]]:
             try:
                 values[kw.arg] = ast.literal_eval(kw.value)
             except ValueError:
-                values[kw.arg] = ast.unparse(kw.value)
+                values[kw.arg] = Expression(ast.unparse(kw.value))
         return "TRL", values
     values = {}
     for word in shlex.split(text.replace("\\\n", " "), comments=True):
@@ -83,25 +87,32 @@ def translate(whose: str, values: dict[str, Any], known: Callable[[str], bool]) 
     settings: dict[str, Any] = {}
     unmapped: list[tuple[str, str]] = []
     for key, value in given.items():
-        if key in FOREIGN_KEYS:
+        if isinstance(value, Expression):
+            unmapped.append((f"{key}={value}", "not a literal value: write the value it has"))
+        elif key in FOREIGN_KEYS:
             try:
                 settings.update(translate_key(key, value, given))
             except Untranslatable as exc:
                 unmapped.append((f"{key}={shown_value(value)}", str(exc)))
             except (TypeError, ValueError):
-                unmapped.append((f"{key}={shown_value(value)}", f"not a value nanoverl reads ({FOREIGN_KEYS[key].note or 'see docs/from-verl-and-trl.md'})"))
+                why = FOREIGN_KEYS[key].note or "see docs/from-verl-and-trl.md"
+                unmapped.append((f"{key}={shown_value(value)}", f"not a value nanoverl reads ({why})"))
         elif known(key):
             settings[key] = value
         elif key.split(".", 1)[0] in VERL_ONLY_SECTIONS or whose == "TRL":
             unmapped.append((f"{key}={shown_value(value)}", "nanoverl has no key for it"))
         else:
-            unmapped.append((f"{key}={shown_value(value)}", "not a key of verl's that nanoverl maps, nor a nanoverl key"))
+            unmapped.append((f"{key}={shown_value(value)}",
+                             "not a key of verl's that nanoverl maps, nor a nanoverl key"))
     return Translation(settings, unmapped, assumed)
 
 
 def as_overrides(settings: dict[str, Any]) -> list[str]:
-    """`key=value` overrides, as the command line takes them."""
-    return [f"{key}={shown_value(value)}" for key, value in settings.items()]
+    """`key=value` overrides, as the command line takes them: one shell word each (in double quotes where the
+    value holds a space or a quote, so `$HOME` in a path still expands)."""
+    words = [f"{key}={shown_value(value)}" for key, value in settings.items()]
+    return ['"' + w.replace("\\", "\\\\").replace('"', '\\"') + '"' if re.search(r"[\s'\"]", w) else w
+            for w in words]
 
 
 def as_toml(settings: dict[str, Any]) -> str:
