@@ -15,7 +15,7 @@ Where the calls run (`pool.py` the worker pool, on nanoverl_core.processes; `cal
     the main thread, and a crash takes the run with it);
   * a *batched* reward (`fn.batched = True`: lists of prompts, responses and rows in, a list of
     scores out, e.g. the reward model of nanoverl-hf) runs once per step in one worker process of its
-    own, which keeps its model loaded for the run; so does a TRL reward function (batched by contract;
+    own, which keeps its model loaded from step to step; so does a TRL reward function (batched by contract;
     a None in its list scores 0, as in TRL's sum over functions). Both run in the trainer process only
     with `reward.workers = 0` or when a worker cannot import them (a closure).
 
