@@ -4,6 +4,8 @@
     nanoverl-train [--config FILE] --dry-run [overrides]
     nanoverl-train plugins [--json]
     nanoverl-train eval [--config FILE] [--checkpoint DIR] [--json] [--samples FILE.jsonl] [overrides]
+    nanoverl-train score [--config FILE] --responses FILE.jsonl [--json] [overrides]
+    nanoverl-train translate [FILE | - | WORDS ...] [--toml]
     nanoverl-train export RUN_DIR_OR_CHECKPOINT OUT_DIR
 
 Exit status: 0 success; 2 a user error (one `error:` line on stderr, no traceback); anything else is a bug.
@@ -17,6 +19,7 @@ import difflib
 import errno
 import json
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -49,7 +52,10 @@ def _train_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="nanoverl-train", description="Train a language model with RL (PPO, GRPO and relatives).",
                 epilog="Other commands: `nanoverl-train plugins [--json]` lists installed plugins; "
                        "`nanoverl-train eval --config FILE [--checkpoint DIR]` evaluates a model; "
-                       "`nanoverl-train export RUN_DIR_OR_CHECKPOINT OUT_DIR` writes a save_pretrained folder.")
+                       "`nanoverl-train score --config FILE --responses FILE.jsonl` scores given responses; "
+                       "`nanoverl-train translate FILE` rewrites a verl command or a TRL GRPOConfig as nanoverl's "
+                       "settings; `nanoverl-train export RUN_DIR_OR_CHECKPOINT OUT_DIR` writes a save_pretrained "
+                       "folder.")
     p.add_argument("--config", action=_Once, help=CONFIG_HELP)
     p.add_argument("--dry-run", action="store_true",
                    help="validate the config, resolve every plugin name, print the resolved config; load no model")
@@ -132,6 +138,66 @@ def stdout_to_stderr():
         os.close(saved)
 
 
+def cmd_score(argv: list[str]) -> int:
+    p = _Parser(prog="nanoverl-train score", description="Score given responses with the config's [reward], as "
+                "validation scores them, and print each reward's extra keys per response; loads no model.")
+    p.add_argument("--config", action=_Once, help=CONFIG_HELP)
+    p.add_argument("--responses", type=Path, action=_Once, required=True, metavar="FILE.jsonl",
+                   help="one JSON object a line: the data row's columns (ground truth, ...) and \"response\", "
+                   "or a line of `eval --samples`")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
+    args = p.parse_intermixed_args(argv)
+    registry = load_registry()
+    config = load_config(args.config, args.overrides, registry=registry, training=False)
+    from .trainer.commands import format_score, run_score
+    with stdout_to_stderr() if args.json else contextlib.nullcontext():
+        report = run_score(config, registry, args.responses)
+    print(json.dumps(report, indent=2) if args.json else format_score(report))
+    return 0
+
+
+def cmd_translate(argv: list[str]) -> int:
+    p = _Parser(prog="nanoverl-train translate", description="Rewrite a verl command line (python3 -m "
+                "verl.trainer.main_ppo key=value ...) or a TRL GRPOConfig(...) call as nanoverl's settings: "
+                "overrides (or --toml), with what has no nanoverl setting listed after them.")
+    p.add_argument("source", nargs="*", metavar="FILE | - | WORDS",
+                   help="a file holding the command or the Python with the GRPOConfig call, - for stdin, or the "
+                   "command's words themselves (after --)")
+    p.add_argument("--toml", action="store_true", help="print a TOML config instead of overrides")
+    args = p.parse_args(argv)
+    if not args.source:
+        raise UserError("translate needs what to translate: a file holding the verl command or the GRPOConfig(...) "
+                        "call, - to read it from stdin, or the command's words after --")
+    if args.source == ["-"]:
+        text = sys.stdin.read()
+    elif len(args.source) == 1 and Path(args.source[0]).is_file():
+        text = Path(args.source[0]).read_text(encoding="utf-8", errors="replace")
+    elif len(args.source) == 1 and "=" not in args.source[0] and "(" not in args.source[0]:
+        raise UserError(f"translate: {args.source[0]} is not a file; name a file holding the command or the "
+                        "GRPOConfig(...) call, - for stdin, or pass the command's words after --")
+    else:
+        text = " ".join(map(shlex.quote, args.source))  # the words as the shell passed them
+    from .config.load import _field_type
+    from .translate import as_overrides, as_toml, parse_foreign, translate
+    whose, values = parse_foreign(text)
+    if not values:
+        raise UserError("translate: found no key=value words and no GRPOConfig(...) call; pass a verl command line "
+                        "or the Python that builds a TRL GRPOConfig")
+    registry = load_registry()
+    result = translate(whose, values, known=lambda path: _field_type(path.split("."), registry) is not None)
+    lines = [f"# {whose}: {len(values)} settings, {len(result.settings)} nanoverl settings"
+             + (f" (TRL's defaults assumed: {', '.join(result.assumed)})" if result.assumed else "")]
+    if args.toml:
+        lines.append(as_toml(result.settings).rstrip())
+    else:
+        lines += ["nanoverl-train \\"] + [f"    {override} \\" for override in as_overrides(result.settings)]
+        lines[-1] = lines[-1].removesuffix(" \\")
+    lines += [f"# not mapped: {item}: {why}" for item, why in result.unmapped]
+    print("\n".join(lines))
+    return 0
+
+
 def cmd_export(argv: list[str]) -> int:
     p = _Parser(prog="nanoverl-train export", description="Write a checkpoint's policy as a plain save_pretrained "
                 "folder (weights, config, tokenizer) that transformers and vLLM load.")
@@ -144,7 +210,8 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"plugins": cmd_plugins, "eval": cmd_eval, "export": cmd_export}
+COMMANDS = {"plugins": cmd_plugins, "eval": cmd_eval, "score": cmd_score, "translate": cmd_translate,
+            "export": cmd_export}
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):

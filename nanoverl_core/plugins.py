@@ -27,6 +27,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
+from .foreign_keys import foreign_name_hint
 from .hookspecs import HOOKS, PROJECT
 
 KINDS = tuple(HOOKS.values())
@@ -59,6 +60,18 @@ def install_hint(extra: str) -> str:
     return f'{index}, or from this checkout: pip install -e "{local}"'
 
 
+def close_name(name: str, names: list[str]) -> str | None:
+    """The registered name `name` is most likely a typo of, or None: one of similar spelling (difflib ratio
+    >= 0.75: 'char_matc', 'gpso'), or one that begins with it or it begins with (four characters or more:
+    'grpo' and 'grpo_passk'). Short names that share letters but not meaning ('ppo' and 'opo', 'dr_grpo'
+    and 'dro') are not suggested."""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    prefixed = [n for n in names if min(len(n), len(name)) >= 4 and (n.startswith(name) or name.startswith(n))]
+    return prefixed[0] if len(prefixed) == 1 else None
+
+
 def _shown(path: Path) -> str:
     """`path` relative to the working directory when it is inside it, else absolute."""
     try:
@@ -77,6 +90,27 @@ def import_ref(ref: str) -> Any:
     for part in filter(None, qualname.split(".")):
         obj = getattr(obj, part)
     return obj
+
+
+def import_file(path: str | Path, key: str, error: type[Exception] = PluginError) -> Any:
+    """The module a user's .py file defines, named by the config key `key` (reward.file, environment.file):
+    a missing file is a ConfigError, one that raises while it imports is `error`, each naming the key."""
+    import importlib.util
+
+    from .errors import ConfigError
+
+    path = Path(path)
+    section = key.partition(".")[0]
+    if not path.is_file():
+        raise ConfigError(f"{key} = {str(path)!r} does not exist; fix the path or use {section}.name")
+    spec = importlib.util.spec_from_file_location(f"nanoverl_{section}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise error(f"{key} {path} failed to import ({detail}); fix the file") from None
+    return module
 
 
 @attrs.define
@@ -140,10 +174,13 @@ class Registry:
         where = f"{key} = {name!r}" if key else f"{kind} {name!r}"
         available = self.names(kind)
         msg = f"{where}: no {kind} of that name is registered; available: {', '.join(available) or 'none'}"
-        close = difflib.get_close_matches(name, available, n=1, cutoff=0.5)
-        if close:
-            msg += f"; did you mean {close[0]!r}?"
         extra = FIRST_PARTY.get((kind, name))
+        foreign = foreign_name_hint(kind, name)
+        close = None if foreign else close_name(name, available)
+        if foreign:
+            msg += f"; {foreign}"
+        elif close:
+            msg += f"; did you mean {close!r}?"
         dist = f"nanoverl-{extra.partition('[')[0]}" if extra else ""
         variable = self.excluded.get("nanoverl-hf" if extra == "lora" else dist)
         if extra:

@@ -28,6 +28,7 @@ import torch
 from .algos.losses import vanilla
 from .batch import RLBatch, derive_loss_mask
 from .protocols import Actor, PolicyLoss, Rollout
+from .reward.texts import ByteTokenizer, as_responses  # noqa: F401 (ByteTokenizer: a public name here)
 from .rollout import SamplingParams
 
 MACHINE_METRICS = ("timing/", "throughput/", "perf/")
@@ -62,31 +63,12 @@ def with_loss_mask(batch: RLBatch, mask_truncated: bool = False) -> RLBatch:
     return batch
 
 
-class ByteTokenizer:
-    """Text as its UTF-8 bytes, one token each (ids 1-256; 0 pads): what `score_texts` decodes responses with."""
-
-    pad_token_id = eos_token_id = 0
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [b + 1 for b in text.encode()]
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return bytes(i - 1 for i in ids if i).decode()
-
-
 def score_texts(scorer, batch: RLBatch, texts: list[str], *, phase: str = "train",
                 step: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Scores (B,) and metrics of `texts` as the responses to `batch`'s rows (which hold what a reward reads:
     prompt_text, row, index and data_source), through the one entry point the trainer scores with,
-    `RewardScorer.score_batch` (the texts as `ByteTokenizer` responses)."""
-    tokens = [ByteTokenizer().encode(text) for text in texts]
-    width = max([len(t) for t in tokens] + [1])
-    responses = torch.zeros((len(texts), width), dtype=torch.long)
-    for row, ids in enumerate(tokens):
-        responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-    rows = RLBatch({**batch.tensors, "responses": responses, "response_mask": (responses > 0).long()},
-                   batch.non_tensors)
-    scored, metrics = scorer.score_batch(rows, ByteTokenizer(), step, phase=phase)
+    `RewardScorer.score_batch` (the texts as `ByteTokenizer` responses: `nanoverl_core.reward.as_responses`)."""
+    scored, metrics = scorer.score_batch(as_responses(batch, texts), ByteTokenizer(), step, phase=phase)
     return scored["score"], metrics
 
 

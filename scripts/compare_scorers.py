@@ -40,6 +40,7 @@ from pathlib import Path
 
 from nanoverl_core import UserError, load_registry
 from nanoverl_core.reward import ground_truth_value
+from nanoverl_core.trainer.commands import response_lines
 
 FEATURES = [  # (name, pattern on the response), the first that matches names a disagreement's class
     ("no answer for math_verify", None),
@@ -65,20 +66,8 @@ def feature(response: str, gsm8k_answer, math_verify_answer) -> str:
 
 
 def read_rows(paths: list[Path]) -> list[dict]:
-    rows = []
-    for path in paths:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{number} is not JSON ({exc.msg}); give jsonl files of samples") from None
-            if not isinstance(item, dict) or not isinstance(item.get("response"), str):
-                raise UserError(f"{path}:{number} has no \"response\" text; give the jsonl that "
-                                "`nanoverl-train eval --samples` writes")
-            rows.append(item)
-    return rows
+    hint = "give the jsonl that `nanoverl-train eval --samples` writes"
+    return [row for path in paths for row in response_lines(path, hint)]
 
 
 def prompt_text(row: dict) -> str:

@@ -134,9 +134,10 @@ def test_any_dry_run_command_line_keeps_the_contract(tmp_path, overrides, order,
 
 
 @settings(settings.get_profile(PROFILE), max_examples=40 * SCALE)
-@given(sub=st.sampled_from(["plugins", "eval", "export"]),
+@given(sub=st.sampled_from(["plugins", "eval", "export", "score", "translate"]),
        extra=st.lists(st.sampled_from(["--json", "--config", REINFORCE, "--checkpoint", "step_3", "x=1",
-                                       "--dry-run", "runs", "/nonexistent", "trainer.total_steps=0"]), max_size=4))
+                                       "--dry-run", "runs", "/nonexistent", "trainer.total_steps=0", "--responses",
+                                       "--toml", "--", "data.train_batch_size=8"]), max_size=4))
 def test_sub_commands_with_any_arguments_keep_the_contract(tmp_path, sub, extra):
     run_dir = tmp_path / "fuzz-run"
     if sub == "eval":  # eval runs the model: keep it on the cheap debug config with a tiny validation set

@@ -221,3 +221,21 @@ def test_guide_environment_plays_episodes_by_name_in_a_debug_run(guide_env_plugi
             if answer["role"] == "environment":
                 guess = turn["text"].strip()[:1]
                 assert answer["text"] == ("?" if not guess.isdigit() else "+" if guess < secret else "-"), row
+
+
+# ---- (c) the one-file environment the guide starts with is the example's own code ------------------
+def test_the_guides_one_file_environment_is_the_examples_code_verbatim():
+    """The guide shows examples/tiny_task/phone_book.py and tiny_tool.toml's [environment] table; both blocks
+    are copied from those files (the example runs in tests/test_environment_file.py and the hf tests)."""
+    guide = GUIDE.read_text()
+    section = guide[guide.index("## A one-off environment with a tool, in one file"):guide.index(
+        "## A reward plugin in ten minutes")]
+    blocks = re.findall(r"^```(\w+)\n(.*?)^```$", section, re.M | re.S)
+    python = next(body for lang, body in blocks if lang == "python")
+    toml = next(body for lang, body in blocks if lang == "toml" and "phone_book.py" in body)
+    source = (ROOT / "examples" / "tiny_task" / "phone_book.py").read_text()
+    config = (ROOT / "examples" / "configs" / "tiny_tool.toml").read_text()
+    for chunk in python.split("\n\n\n"):
+        body = "\n".join(line for line in chunk.splitlines() if not line.startswith("# examples/"))
+        assert body.strip() in source, body
+    assert toml in config

@@ -58,8 +58,8 @@ weight = 0.3
      ["'reward.components[0].weigth'", "did you mean 'reward.components[0].weight'"]),
     ('[[reward.components]]\nname = "char_match"\n[[reward.components]]\nname = "char_match"\n', [],
      ["reward.components[1]", "two components are called 'char_match'"]),
-    ('[[reward.components]]\nname = "char_match"\n', ["reward.name=char_match"],
-     ["reward.name is set next to [[reward.components]]"]),
+    ('name = "char_match"\n[[reward.components]]\nname = "char_match"\n', [],   # both in the file: one would not run
+     ["reward.name = 'char_match' is set next to [[reward.components]]"]),
     ('[[reward.components]]\nweight = 1.0\n', [], ["reward.components[0] names no reward"]),
     ('[[reward.components]]\nname = "char_match"\n[[reward.components]]\nname = "exact_matc"\n', [],
      ["reward.components[1].name = 'exact_matc'", "did you mean 'exact_match'"]),
@@ -70,9 +70,10 @@ def test_component_mistakes_exit_2_naming_the_key(tmp_path, components, override
 
 
 def test_components_on_the_command_line_and_in_the_dry_run(tmp_path):
-    proc = run_cli("--config", REINFORCE, "--dry-run",  # its reward.name = "char_match"
+    proc = run_cli("--config", REINFORCE, "--dry-run",  # its reward.name = "char_match": the override wins, and says so
                    "reward.components=[{name: char_match, weight: 0.7}, {name: exact_match, weight: 0.3}]")
-    assert proc.returncode == 2  # reward.name next to components
+    assert proc.returncode == 0 and "ignoring reward.name = 'char_match'" in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["config"]["reward"]["name"] == ""
     proc = run_cli("--config", write_config(tmp_path, ""), "--dry-run",
                    "reward.components=[{name: char_match, weight: 0.7}, {name: exact_match, weight: 0.3}]")
     assert proc.returncode == 0, proc.stderr

@@ -164,3 +164,24 @@ def test_each_scale_rewards_equals_its_nanoverl_estimator(trl, overrides):
     advantages, _ = estimator(batch, config.algorithm)
     torch.testing.assert_close(advantages[:, 0], trl_advantages(rewards, group, trl["scale_rewards"]),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r[3].split("|")[1].strip() for r in ROWS])
+def test_translate_gives_each_rows_settings_so_the_table_is_its_only_source(row):
+    """`nanoverl-train translate` (foreign_keys.translate) of each row's GRPOConfig gives the row's nanoverl
+    settings, checked against TRL's formula above; a "no" row is reported as not mapped, not guessed."""
+    from nanoverl_core.config.load import _field_type, _parse_value
+    from nanoverl_core.translate import translate
+
+    trl, overrides, equal, line = row
+    registry = first_party_registry()
+    result = translate("TRL", trl, known=lambda path: _field_type(path.split("."), registry) is not None)
+    if not overrides:
+        assert result.unmapped, line
+        return
+    for override in overrides:
+        key, _, text = override.partition("=")
+        value = _parse_value(text)
+        value = float(value) if isinstance(value, str) and re.fullmatch(r"[\d.]+e-?\d+", value) else value
+        assert result.settings.get(key) == pytest.approx(value) if isinstance(value, float) else \
+            result.settings.get(key) == value, (line, key, result.settings)

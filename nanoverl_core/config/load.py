@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from .components import COMPONENTS, component_settings
 from ..foreign_keys import check_foreign_keys
 from .schema import Config
-from .structure import check_keys, check_moved_keys, structure_as, user_fields
+from .structure import check_keys, check_moved_keys, check_one_source, structure_as, user_fields
 
 if TYPE_CHECKING:
     from ..plugins import Registry
@@ -45,8 +45,9 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...
     data = json.loads(json.dumps(data))  # a private copy: overrides and table extraction edit it
     for override in overrides:
         apply_override(data, override, registry=registry)
-    check_foreign_keys(data)
+    check_foreign_keys(data, known=lambda path: _field_type(path.split("."), registry) is not None)
     check_moved_keys(data)
+    check_one_source(data, overrides)
     _one_file_lists(data)
     _drop_disabled_parts(data, overrides)
     _one_run_length(data, overrides)

@@ -144,7 +144,7 @@ def reward_rules(config: Config) -> None:
 
 
 def _reward_component_rules(rw: Any) -> None:
-    set_too = [k for k in ("name", "file", "function") if getattr(rw, k) != getattr(type(rw)(), k)]
+    set_too = [k for k in ("name", "file", "function") if getattr(rw, k) not in ("", getattr(type(rw)(), k))]
     if set_too:
         raise ConfigError(f"reward.{set_too[0]} is set next to [[reward.components]]; name each reward in a "
                           "component (name or file, and weight) and remove reward.name / reward.file")
@@ -157,6 +157,21 @@ def _reward_component_rules(rw: Any) -> None:
             raise ConfigError(f"{key}: two components are called {comp.label!r}; give one a different name "
                               "(with a file, name is only its label)")
         labels.add(comp.label)
+
+
+def environment_rules(config: Config) -> None:
+    env = config.environment
+    if env.name and env.file:
+        raise ConfigError(f"environment.name = {env.name!r} is set next to environment.file = {env.file!r}; set one "
+                          "of them: a registered environment, or one from a file")
+    given = [k for k, default in (("function", ""), ("tools", [])) if getattr(env, k) != default]
+    if given and not env.file:
+        raise ConfigError(f"environment.{given[0]} is set but environment.file is empty, and it only applies to a "
+                          "file; set environment.file or remove the key")
+    if env.file and bool(env.function) == bool(env.tools):
+        raise ConfigError(f"environment.file = {env.file!r} needs one of environment.function (an environment "
+                          "factory in the file) and environment.tools (functions in it the model calls as tools)"
+                          + (", not both" if env.function else ""))
 
 
 def data_file_rules(config: Config) -> None:
@@ -178,5 +193,5 @@ def training_data_rules(config: Config) -> None:
 
 
 SECTION_RULES = (trainer_rules, rollout_rules, actor_rules, critic_rules, reference_rules,
-                 algorithm_rules, model_rules, lora_rules, reward_rules, data_file_rules)
+                 algorithm_rules, model_rules, lora_rules, reward_rules, environment_rules, data_file_rules)
 """The order `check_config` runs them in."""

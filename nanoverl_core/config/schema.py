@@ -424,7 +424,9 @@ class RewardComponent:
 @attrs.define
 class RewardConfig:
     name: str = "exact_match"
-    """A registered reward function (`nanoverl-train plugins` lists them)."""
+    """A registered reward function (`nanoverl-train plugins` lists them). Empty when reward.file or
+    [[reward.components]] names what runs: both in the config file (or both overrides) is an error, an
+    override of one drops the config file's other with a warning."""
     file: str = attrs.field(default="", validator=python_file)
     """Optional path to a .py file defining the reward (runs its code; a warning says so); a verl-style
     `compute_score(data_source, solution_str, ground_truth, extra_info)` (or any subset of those names)
@@ -457,6 +459,10 @@ class RewardConfig:
     settings: Any = _settings()
     """The selected reward's own settings, written as [reward.<name>] (with components: a dict by name)."""
 
+    def __attrs_post_init__(self) -> None:
+        if (self.file or self.components) and self.name == "exact_match":
+            self.name = ""  # the default name does not run: the config says what does, once
+
 
 @attrs.define
 class EnvironmentConfig:
@@ -464,6 +470,15 @@ class EnvironmentConfig:
 
     name: str = ""
     """A registered environment (`nanoverl-train plugins` lists them); every rollout then runs episodes."""
+    file: str = attrs.field(default="", validator=python_file)
+    """Instead of a name: a .py file holding the environment (runs its code; a warning says so), with
+    `function` (an environment factory) or `tools` (plain functions as tools). It runs in the environment
+    workers like a registered one."""
+    function: str = ""
+    """The environment factory in `file`: `make_env(sample[, settings]) -> Environment`, as registered ones."""
+    tools: list[str] = attrs.Factory(list)
+    """Instead of `function`: plain functions in `file` (type hints, a Google-style docstring) the model calls
+    as tools in the `<tool_call>` format, with their schemas in every prompt (nanoverl_core.env.tool_environment)."""
     max_turns: int = attrs.field(default=4, validator=at_least(1))
     """Model turns per episode at most; the environment's answer to the last one is not appended."""
     max_turn_tokens: int = attrs.field(default=0, validator=at_least(0))

@@ -6,6 +6,7 @@ for a typo. The key checks walk any attrs class: the config's sections and a com
 """
 
 import difflib
+import sys
 from typing import Any, get_args, get_origin
 
 import attrs
@@ -93,12 +94,48 @@ def check_moved_keys(data: dict[str, Any]) -> None:
 
 def drop_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
     """`data` without the old keys of MOVED_KEYS: for a run's config.json written before they moved
-    (it holds every key), read by a command that needs none of them (export builds the policy)."""
+    (it holds every key), read by a command that needs none of them (export builds the policy). A
+    config.json from before 0.3.0 also holds reward.name's default next to reward.file (or components),
+    where it did not run: dropped too."""
     for old in MOVED_KEYS:
         node, key = _parent(data, old)
         if node is not None:
             node.pop(key, None)
+    reward = data.get("reward")
+    if isinstance(reward, dict) and (reward.get("file") or reward.get("components")):
+        reward.pop("name", None)
     return data
+
+
+def check_one_source(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> None:
+    """What runs is named once: reward.name next to reward.file or [[reward.components]] (the file would
+    win silently) is one ConfigError when the config file (or the overrides) sets both. Given by an override
+    next to the file's other one, the override wins and the file's key is dropped with a warning, as for
+    trainer.total_steps / total_epochs: `reward.file=x.py` on a config that names a reward runs the file,
+    `reward.name=exact_match` on a config with a reward file runs exact_match. reward.function without
+    reward.file is an error too. `data` is the file with the overrides applied; a loaded config cannot tell
+    an explicit default name from none (RewardConfig empties the default name next to a file)."""
+    node = data.get("reward")
+    if not isinstance(node, dict):
+        return
+    from_overrides = {o.partition("=")[0].strip() for o in overrides}
+    other = next((k for k in ("file", "components") if node.get(k)), None)
+    if node.get("name") and other:
+        if "reward.name" in from_overrides and f"reward.{other}" not in from_overrides:
+            dropped = [k for k in (other, "function") if k in node and f"reward.{k}" not in from_overrides]
+            print(f"warning: reward.name is overridden: ignoring {', '.join(f'reward.{k} = {node.pop(k)!r}' for k in dropped)} "
+                  "set in the config file", file=sys.stderr)
+        elif f"reward.{other}" in from_overrides and "reward.name" not in from_overrides:
+            print(f"warning: reward.{other} is overridden: ignoring reward.name = {node.pop('name')!r} set in the "
+                  "config file", file=sys.stderr)
+        else:
+            shown = "[[reward.components]]" if other == "components" else f"reward.file = {node['file']!r}"
+            raise ConfigError(f"reward.name = {node['name']!r} is set next to {shown}, which names the reward "
+                              f"instead; set one of them (the {'components' if other == 'components' else 'file'}, "
+                              f"or reward.name with reward.{other} removed)")
+    if node.get("function", "compute_score") != "compute_score" and not node.get("file") and not node.get("components"):
+        raise ConfigError(f"reward.function = {node['function']!r} is set but reward.file is empty, and the function "
+                          "is looked up in that file; set reward.file or remove reward.function")
 
 
 def check_keys(data: dict[str, Any], cls: type, prefix: str = "", extra: tuple[str, ...] = (), *,

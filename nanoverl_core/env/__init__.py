@@ -5,6 +5,7 @@
     EpisodeRollout             multi-turn episodes over any rollout engine (episode.py)
     EnvironmentPool, InProcess where the environments live and their calls run (pool.py)
     render_answer              an answer (text or chat messages) as token ids, rendered once (render.py)
+    EnvironmentSource          a registered environment or one from a file (environment.file), as workers load it
 
 The contract (`nanoverl_core.protocols.MakeEnvironment` / `Environment`): a factory registered with
 `register_environments` builds one environment per episode from its data row; the environment's
@@ -19,7 +20,7 @@ import importlib
 _LAZY = {"EnvStep": "contract", "Turn": "contract", "EpisodeRollout": "episode", "episode_metrics": "episode",
          "EnvironmentPool": "pool", "InProcess": "pool", "environment_calls": "pool", "render_answer": "render",
          "ToolEnvironment": "tools", "tool_environment": "tools", "tool_prompt": "tools", "tool_schemas": "tools",
-         "with_tools": "tools"}
+         "with_tools": "tools", "EnvironmentSource": "source"}
 __all__ = list(_LAZY)
 
 

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import EpisodeError
-from ..plugins import import_ref
 from ..processes import Worker, WorkerPool, serve
+from .source import EnvironmentSource
 
 
 class Episodes:
@@ -95,20 +95,20 @@ class InProcess:
 
 
 # ---- in worker processes ---------------------------------------------------------------------------------
-def _episodes(init: tuple[str, Any]):
-    """In a worker: the episodes of the environment that init's ("module:attr", settings) names; a call is
+def _episodes(init: tuple[EnvironmentSource, Any]):
+    """In a worker: the episodes of the environment that init's (source, settings) names; a call is
     (key, op, arg)."""
-    ref, settings = init
-    episodes = Episodes(import_ref(ref), settings)
+    source, settings = init
+    episodes = Episodes(source.load(), settings)
     return lambda call: (episodes.call(*call), False)
 
 
 class EnvironmentPool(WorkerPool):
     """`size` worker processes holding episodes; `run` runs one round of calls (see the module docstring)."""
 
-    def __init__(self, ref: str, settings, size: int, timeout_s: float):
-        super().__init__("nanoverl_core.env.pool", (ref, settings), size, section="environment", what=ref,
-                         error=EpisodeError)
+    def __init__(self, source: EnvironmentSource, settings, size: int, timeout_s: float):
+        super().__init__("nanoverl_core.env.pool", (source, settings), size, section="environment",
+                         what=source.ref or source.label, error=EpisodeError)
         self.timeout_s = timeout_s
         self.home: dict[int, Worker] = {}
         """The worker holding each live episode."""
@@ -146,14 +146,15 @@ class EnvironmentPool(WorkerPool):
         self.home.clear()
 
 
-def environment_calls(cfg, make_env, ref: str):
-    """Where `cfg`'s ([environment]) environments run: `cfg.workers` worker processes importing `ref`
-    ("module:attr"), or this process (workers = 0, or no importable ref: a warning says so)."""
-    if cfg.workers and ref:
-        return EnvironmentPool(ref, cfg.settings, cfg.workers, cfg.timeout_s)
+def environment_calls(cfg, make_env, source: EnvironmentSource):
+    """Where `cfg`'s ([environment]) environments run: `cfg.workers` worker processes loading `source`
+    (a registered "module:attr", or environment.file), or this process (workers = 0, or a registered object
+    a worker cannot import: a warning says so)."""
+    if cfg.workers and source.importable:
+        return EnvironmentPool(source, cfg.settings, cfg.workers, cfg.timeout_s)
     if cfg.workers:
-        print(f"warning: environment {cfg.name!r} cannot be imported by a worker process (registered as an object, "
-              "not a \"module:attr\" string); it runs in the trainer process, without crash isolation",
+        print(f"warning: environment {source.label!r} cannot be imported by a worker process (registered as an "
+              "object, not a \"module:attr\" string); it runs in the trainer process, without crash isolation",
               file=sys.stderr)
     return InProcess(make_env, cfg.settings, cfg.timeout_s)
 

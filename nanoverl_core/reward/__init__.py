@@ -2,6 +2,7 @@
 
     scoring.py  RewardScorer: the configured rewards (one, a file, or weighted components) over a batch,
                 under reward.on_error; the trainer's reward stage (score_batch) and the overlong penalty
+    texts.py    plain texts as a batch's responses (ByteTokenizer), for `nanoverl-train score` and tests
     calls.py    one call: the nanoverl and verl call conventions, loading a reward.file, checking results
     pool.py     RewardPool: stateless calls on a WorkerPool (nanoverl_core.processes: worker processes with
                 timeouts, crash isolation and a memory cap)
@@ -16,7 +17,8 @@ import importlib
 
 _LAZY = {"RewardScorer": "scoring", "component_specs": "scoring", "load_reward_fn": "scoring",
          "overlong_penalty": "scoring", "place_scores": "scoring", "ComponentSpec": "calls", "CallError": "calls",
-         "GROUND_TRUTH_KEYS": "calls", "ground_truth_value": "calls", "RewardPool": "pool"}
+         "GROUND_TRUTH_KEYS": "calls", "ground_truth_value": "calls", "RewardPool": "pool",
+         "ByteTokenizer": "texts", "as_responses": "texts"}
 __all__ = list(_LAZY)
 
 

@@ -19,7 +19,6 @@ A reward call gets one response and returns a float or a dict with "score". The 
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 import numbers
@@ -30,7 +29,7 @@ from typing import Any
 import attrs
 
 from ..errors import ConfigError, RewardError
-from ..plugins import import_ref
+from ..plugins import import_file, import_ref
 
 GROUND_TRUTH_KEYS = ("reward_model.ground_truth", "ground_truth", "target", "answer")
 """Where a data row holds its ground truth, in order (dotted paths into nested dicts)."""
@@ -89,14 +88,7 @@ def load_function(spec: ComponentSpec) -> Callable:
     if not spec.file:
         return import_ref(spec.ref)
     path = Path(spec.file)
-    if not path.is_file():
-        raise ConfigError(f"reward.file = {spec.file!r} does not exist; fix the path or use reward.name")
-    module_spec = importlib.util.spec_from_file_location(f"nanoverl_reward_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        raise RewardError(f"reward.file {path} failed to import ({type(exc).__name__}: {exc})") from None
+    module = import_file(path, "reward.file", RewardError)
     fn = getattr(module, spec.function, None)
     if not callable(fn):
         raise ConfigError(f"reward.function = {spec.function!r} is not a function in {path}; "

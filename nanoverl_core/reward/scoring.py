@@ -181,22 +181,24 @@ class RewardScorer:
     def score_batch(self, batch: RLBatch, tokenizer, step: int | None = None, *,
                     phase: str = "train") -> tuple[RLBatch, dict[str, float]]:
         """The one way a batch is scored: the trainer's reward stage (phase "train"), ReMax's greedy baseline
-        ("baseline") and validation and `nanoverl-train eval` ("val").
+        ("baseline"), validation and `nanoverl-train eval` ("val") and `nanoverl-train score` ("score").
 
         Each row's response (decoded with `tokenizer`; a multi-turn episode's last model turn) is scored by
         [reward] (an episode's answer score is 0 with score_answer off, and for an episode whose environment
         failed). Returns the columns response_text, score (B,) and token_level_scores (B, R), each score on
         its row's last response token (an episode's: its last model token, plus each environment reward on
         the turn it answered; its score is their sum), with the overlong penalty
-        (reward.overlong_buffer_len) added in training and the baseline, not in validation; with
-        [[reward.components]] also component_scores and component_weights (B, K), each component's own
-        score (before its weight) and its weight. And the metrics: reward/mean, reward/std, reward/errors,
-        reward/timeouts, reward/crashes, the batch mean of every extra key a reward returns (reward/<key>;
-        with components reward/<name>/<key>) and, with components, each one's mean (reward/<name>/mean)."""
+        (reward.overlong_buffer_len) added in training and the baseline, not in validation or `score`;
+        reward_detail, each row's dict of the extra keys its rewards returned (under their metric names) and
+        "error" for a failed call; with [[reward.components]] also component_scores and component_weights
+        (B, K), each component's own score (before its weight) and its weight. And the metrics: reward/mean,
+        reward/std, reward/errors, reward/timeouts, reward/crashes, the batch mean of every extra key a reward
+        returns (reward/<key>; with components reward/<name>/<key>) and, with components, each one's mean
+        (reward/<name>/mean)."""
         texts = decode_responses(tokenizer, batch)
-        scores, metrics, components = self._answer_scores(batch, texts, phase, step)
+        scores, metrics, components, rows = self._answer_scores(batch, texts, phase, step)
         mask = batch["response_mask"]
-        if self.max_new_tokens and self.cfg.overlong_buffer_len and phase != "val":
+        if self.max_new_tokens and self.cfg.overlong_buffer_len and phase in ("train", "baseline"):
             penalty = overlong_penalty(mask.sum(-1), self.max_new_tokens, self.cfg.overlong_buffer_len,
                                        self.cfg.overlong_penalty_factor)
             scores = scores + penalty
@@ -211,7 +213,7 @@ class RewardScorer:
         if self.cfg.components:
             weights = torch.tensor([spec.weight for spec in self.specs], dtype=torch.float32)
             tensors.update(component_scores=components, component_weights=weights.expand(len(scores), -1).clone())
-        return RLBatch(tensors, {"response_text": texts}), metrics
+        return RLBatch(tensors, {"response_text": texts, "reward_detail": rows}), metrics
 
     # ---- 0.2.0's entry points: deprecated, they go in 0.4.0 ---------------------------------------------
     def score(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train", step: int | None = None):
@@ -223,35 +225,38 @@ class RewardScorer:
                          step: int | None = None):
         """Deprecated: `score`, and each component's score (B, K)."""
         warnings.warn(_OLD_ENTRY.format("score_components(batch, texts)"), NanoverlDeprecation, stacklevel=2)
-        return self._call_rewards(batch, response_texts, phase, step)
+        return self._call_rewards(batch, response_texts, phase, step)[:3]
 
     def score_responses(self, batch: RLBatch, tokenizer, *, phase: str = "train", step: int | None = None):
         """Deprecated: (answer scores (B,), response texts, metrics); `score_batch` gives them as columns."""
         warnings.warn(_OLD_ENTRY.format("score_responses(batch, tokenizer)"), NanoverlDeprecation, stacklevel=2)
         texts = decode_responses(tokenizer, batch)
-        scores, metrics, _ = self._answer_scores(batch, texts, phase, step)
+        scores, metrics, *_ = self._answer_scores(batch, texts, phase, step)
         return scores, texts, metrics
 
     def _answer_scores(self, batch: RLBatch, texts: list[str], phase: str, step: int | None
-                       ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        """[reward] on each row's response text: scores (B,), metrics and each component's score (B, K); for a
-        multi-turn episode 0 with score_answer off and for an episode whose environment failed (which also goes
-        to reward_errors.jsonl). The environment's rewards are the batch's `turn_rewards`."""
+                       ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, list[dict]]:
+        """[reward] on each row's response text: scores (B,), metrics, each component's score (B, K) and each
+        row's detail (`_call_rewards`); for a multi-turn episode 0 with score_answer off and for an episode
+        whose environment failed (which also goes to reward_errors.jsonl). The environment's rewards are the batch's `turn_rewards`."""
         episodes = is_episodes(batch)
         if episodes and not self.score_answer:
-            scores, metrics, components = torch.zeros(len(batch)), {}, torch.zeros(len(batch), len(self.specs))
+            scores, metrics = torch.zeros(len(batch)), {}
+            components, rows = torch.zeros(len(batch), len(self.specs)), [{} for _ in range(len(batch))]
         else:
-            scores, metrics, components = self._call_rewards(batch, texts, phase, step)
+            scores, metrics, components, rows = self._call_rewards(batch, texts, phase, step)
         if episodes and bool(batch["episode_failed"].any()):
             scores = scores.masked_fill(batch["episode_failed"], 0.0)
             components = components.masked_fill(batch["episode_failed"][:, None], 0.0)
             self._write_episode_failures(batch, phase, step)
-        return scores, metrics, components
+        return scores, metrics, components, rows
 
     def _call_rewards(self, batch: RLBatch, response_texts: list[str], phase: str, step: int | None
-                      ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+                      ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, list[dict]]:
         """Every configured reward on every row: scores (B,), metrics, each component's own score (B, K) (0 for
-        a failed call; K = 1 without components).
+        a failed call; K = 1 without components) and each row's detail: a dict of the extra keys its rewards
+        returned, under their metric names (reward/<key>, with components reward/<name>/<key> and each
+        component's score as reward/<name>/mean), and "error" (what went wrong, with the kind) for a failed call.
 
         Under torchrun each rank calls the rewards on its own share of the rows (`dist.rank_rows`; a
         batched reward, such as a reward model, gets that share as its batch) and the outcomes are
@@ -289,9 +294,10 @@ class RewardScorer:
                 break
         return outcomes
 
-    def _combine(self, batch, texts, outcomes, phase, step) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    def _combine(self, batch, texts, outcomes, phase, step) -> tuple[torch.Tensor, dict[str, float], torch.Tensor,
+                                                                    list[dict]]:
         n, many = len(texts), len(self.specs) > 1
-        scores, extras, per_component = [0.0] * n, defaultdict(list), []
+        scores, extras, per_component, rows = [0.0] * n, defaultdict(list), [], [{} for _ in range(n)]
         counts = {"errors": 0, "timeouts": 0, "crashes": 0}
         failures = sorted((key, o) for key, o in outcomes.items() if o[0] != "ok")
         if failures:
@@ -311,17 +317,23 @@ class RewardScorer:
                     counts["errors"] += 1
                     counts["timeouts"] += kind == "timeout"
                     counts["crashes"] += kind == "crash"
+                    message = value if str(value).startswith(kind) else f"{kind}: {value}"
+                    rows[i]["error"] = message + (f" ({spec.label})" if many else "")
                     value, extra = 0.0, {}
                 scores[i] += spec.weight * value
                 values.append(value)
                 for key, v in extra.items():
                     extras[prefix + key].append(v)
+                    rows[i][prefix + key] = v
+                if many:
+                    rows[i][prefix + "mean"] = value
             per_component.append(values)
             if many:
                 extras[prefix + "mean"] = values
         metrics = {key: sum(v) / len(v) for key, v in extras.items()}
         metrics.update({f"reward/{k}": float(v) for k, v in counts.items()})
-        return torch.tensor(scores, dtype=torch.float32), metrics, torch.tensor(per_component, dtype=torch.float32).T
+        return (torch.tensor(scores, dtype=torch.float32), metrics, torch.tensor(per_component, dtype=torch.float32).T,
+                rows)
 
     def _append_errors(self, records: list[dict]) -> None:
         """Append records to reward_errors.jsonl (rank 0 only: every rank holds every row's outcome)."""

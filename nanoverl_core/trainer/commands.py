@@ -1,8 +1,10 @@
-"""The offline commands: `nanoverl-train eval` and `nanoverl-train export`. Neither writes to a run.
+"""The offline commands: `nanoverl-train eval`, `score` and `export`. None writes to a run.
 
     eval    the base model (or a checkpoint's policy) on the config's validation data with the
             config's rollout: greedy, and sampled at rollout.temperature with rollout.val_n samples
             per prompt (mean@n and best@n), overall and per data source.
+    score   responses given in a jsonl file, scored by the config's [reward] as validation scores
+            them, with every reward's extra keys per row; no model is loaded.
     export  a checkpoint (or a run's newest) as a plain save_pretrained folder, through the run's
             worker: its factory's `export_checkpoint(checkpoint, out, config)` (hf and fsdp have one).
 """
@@ -15,18 +17,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from ..config import Config, config_from_dict, drop_moved_keys
 from ..config.domains import unwritable
 from ..data import load_split
 from ..dist import is_rank0
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..plugins import Registry
 from ..workers.precision import resolve_compute_dtype
 from .checkpoint import find_checkpoint, reading_checkpoint
 from .resolve import build_rollout, build_workers, prompt_tools, resolve_plugins
-from .validation import eval_decodings
+from .validation import eval_decodings, sample_detail
 
 
 def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
@@ -57,7 +60,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
                 workers.actor.load(ckpt / "actor")
             rollout.sync_weights(workers.actor)
         data = load_split(plugins["data_source"](config), "val", config.data, workers.tokenizer,
-                          tools=prompt_tools(plugins))
+                          tools=prompt_tools(plugins, workers.tokenizer))
         if data is None:
             raise ConfigError(f"data.source = {config.data.source!r} gives no validation rows; eval scores the "
                               f"validation prompts: set its validation size in [data.{config.data.source}]")
@@ -71,6 +74,85 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
         plugins["reward"].close()
     return {"model": config.model.path or config.worker.name, "checkpoint": str(ckpt) if ckpt else None,
             "prompts": len(data), "results": results}
+
+
+def response_lines(path: Path, hint: str) -> list[dict]:
+    """The JSON objects of a jsonl file of responses, each with "response" text (`eval --samples` writes
+    one); a line that is not such an object is a DataError naming the file and line, then `hint`."""
+    out = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{number} is not JSON ({exc.msg}); {hint}") from None
+        if not isinstance(item, dict) or not isinstance(item.get("response"), str):
+            raise DataError(f"{path}:{number} has no \"response\" text; {hint}")
+        out.append(item)
+    return out
+
+
+def read_responses(path: Path, prompt_key: str) -> list[tuple[str, str, dict]]:
+    """(prompt text, response, data row) of each line of a responses file: a JSON object with "response"
+    and the data row's columns beside it, or under "row" (what `eval --samples` writes). The prompt is the
+    line's "prompt" text, or a chat row's messages' contents joined with newlines (no tokenizer is loaded)."""
+    if not path.is_file():
+        raise ConfigError(f"--responses {path} does not exist; name a jsonl file of objects with a \"response\"")
+    out = []
+    for item in response_lines(path, "each line is a data row with the response to score under \"response\" "
+                                     "(or an `eval --samples` line)"):
+        row = item["row"] if isinstance(item.get("row"), dict) else {k: v for k, v in item.items() if k != "response"}
+        prompt = item.get("prompt", row.get(prompt_key, ""))
+        if isinstance(prompt, list):
+            prompt = "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+        out.append((str(prompt), item["response"], row))
+    if not out:
+        raise DataError(f"{path} holds no responses; write one JSON object a line")
+    return out
+
+
+def run_score(config: Config, registry: Registry, responses: Path) -> dict[str, Any]:
+    """{"reward", "responses", "rows": [{"index", "score", "extras", "error"?}], "metrics"}: each response of
+    the file scored by [reward] as validation scores it (the overlong penalty of training needs token
+    counts and is not applied); a failed call scores 0 and says why in its row (reward.on_error = "zero")."""
+    from ..batch import RLBatch
+    from ..reward import ByteTokenizer, RewardScorer, as_responses
+
+    items = read_responses(responses, config.data.prompt_key)
+    rows = [row for _, _, row in items]
+    batch = RLBatch({}, {"prompt_text": [prompt for prompt, _, _ in items], "row": rows,
+                         "index": list(range(len(items))),
+                         "data_source": [str(row.get(config.data.data_source_key, "default")) for row in rows]})
+    scorer = RewardScorer(attrs.evolve(config.reward, on_error="zero"), registry, prompt_key=config.data.prompt_key)
+    try:
+        scored, metrics = scorer.score_batch(as_responses(batch, [response for _, response, _ in items]),
+                                             ByteTokenizer(), phase="score")
+    finally:
+        scorer.close()
+    scores, details = scored["score"], scored["reward_detail"]
+    metrics = {"reward/mean": metrics.pop("reward/mean"), **metrics}
+    metrics.pop("reward/std")
+    return {"reward": scorer.label, "responses": str(responses), "metrics": metrics,
+            "rows": [{"index": i, "score": float(score), **sample_detail(detail)}
+                     for i, (score, detail) in enumerate(zip(scores.tolist(), details))]}
+
+
+def format_score(report: dict[str, Any]) -> str:
+    """A score report as one line per response (its score, then each extra key) and the means."""
+    def short(key: str) -> str:  # reward/compile_error -> compile_error, reward/<name>/mean -> <name>
+        return key.removeprefix("reward/").removesuffix("/mean")
+
+    lines = [f"{len(report['rows'])} responses of {report['responses']} scored by reward {report['reward']}",
+             f"{'row':>5} {'score':>8}  extras"]
+    for row in report["rows"]:
+        extras = [f"{short(k)}={v:g}" for k, v in row.get("extras", {}).items()]
+        error = [f"error: {row['error']}"] if "error" in row else []
+        lines.append("  ".join([f"{row['index']:>5} {row['score']:>8.4f}", " ".join(extras), *error]).rstrip())
+    means = " ".join(f"{short(k)}={v:.4g}" for k, v in report["metrics"].items()
+                     if k != "reward/mean" and (v or k not in ("reward/errors", "reward/timeouts", "reward/crashes")))
+    lines.append(f"{'mean':>5} {report['metrics']['reward/mean']:>8.4f}  {means}".rstrip())
+    return "\n".join(lines)
 
 
 def run_export(source: Path, out: Path, registry: Registry) -> Path:

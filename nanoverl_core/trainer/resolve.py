@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..algos.rollout_correction import truncated_sampling_warning
@@ -38,13 +39,13 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     if check is not None:
         check(config)
     env = config.environment
+    make_env, env_source = load_environment(config, registry)
     resolved = {"estimator": estimator, "data_source": source,
                 "reward": RewardScorer(config.reward, registry, run_dir=config.trainer.output_dir,
                                        max_new_tokens=config.rollout.max_new_tokens,
-                                       score_answer=not env.name or env.score_answer,
+                                       score_answer=make_env is None or env.score_answer,
                                        prompt_key=config.data.prompt_key),
-                "environment": registry.get("environment", env.name, key="environment.name") if env.name else None,
-                "environment_ref": _importable(registry, "environment", env.name) if env.name else "",
+                "environment": make_env, "environment_source": env_source,
                 "policy_loss": policy_loss,
                 "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
     if import_backends:
@@ -98,22 +99,63 @@ def build_rollout(plugins: dict[str, Any], config: Config, workers):
     if plugins["environment"] is None:
         return rollout
     from ..env import EpisodeRollout, environment_calls
-    calls = environment_calls(config.environment, plugins["environment"], plugins["environment_ref"])
-    return EpisodeRollout(rollout, calls, config, workers.tokenizer, name=config.environment.name)
+    source = plugins["environment_source"]
+    calls = environment_calls(config.environment, plugins["environment"], source)
+    return EpisodeRollout(rollout, calls, config, workers.tokenizer, name=source.label)
 
 
-def _importable(registry: Registry, kind: str, name: str) -> str:
-    """The "module:attr" a worker process imports a registered object by: the string it was registered as,
-    or the object's own module and name ("" for a closure or __main__'s)."""
+def load_environment(config: Config, registry: Registry) -> tuple[Any, Any]:
+    """(factory, EnvironmentSource) of [environment]: a registered name (imported by a worker through the
+    "module:attr" it was registered as, or the object's own module and name; "" for a closure or __main__'s),
+    a file (environment.file, its code run here: a warning says so), or (None, None) for single-turn runs.
+    Tools that go into the prompts must have schemas: a tool without one fails here, naming it."""
+    from ..env.source import EnvironmentSource
     from ..reward.calls import importable_ref
 
-    obj = registry.entry(kind, name).obj
-    return obj if isinstance(obj, str) else importable_ref(obj)
+    env = config.environment
+    if env.file:
+        if Path(env.file).is_file():
+            print(f"warning: environment.file runs the Python code in {env.file}; only use files you trust",
+                  file=sys.stderr)
+        source = EnvironmentSource.from_config(env)
+        make_env = source.load()
+    elif env.name:
+        make_env = registry.get("environment", env.name, key="environment.name")
+        obj = registry.entry("environment", env.name).obj
+        source = EnvironmentSource(name=env.name, ref=obj if isinstance(obj, str) else importable_ref(obj))
+    else:
+        return None, None
+    tools = getattr(make_env, "tools", None)
+    if tools:
+        from ..env.tools import tool_schemas
+        try:
+            tool_schemas(tools)
+        except ImportError as exc:
+            raise ConfigError(f"environment {source.label!r}: {exc}") from None
+        except Exception as exc:  # transformers' get_json_schema: no type hints, no docstring, an undocumented argument
+            detail = " ".join(str(exc).split())[:300]
+            raise ConfigError(f"environment {source.label!r}: a tool has no schema to render into the prompts "
+                              f"({detail}); give each tool type hints and a Google-style docstring with Args") from None
+    return make_env, source
 
 
-def prompt_tools(plugins: dict[str, Any]) -> list | None:
-    """The selected environment's tools (rendered into every prompt), or None."""
-    return getattr(plugins["environment"], "tools", None) or None
+def prompt_tools(plugins: dict[str, Any], tokenizer=None) -> list | None:
+    """The selected environment's tools (rendered into every prompt), or None. With `tokenizer`, the tag
+    format's instructions must encode with it (the model reads them in every prompt): if not, one
+    ConfigError names the environment, whose text it is, not a data row."""
+    tools = getattr(plugins["environment"], "tools", None) or None
+    if tools and tokenizer is not None and not getattr(tokenizer, "chat_template", None):
+        from ..env.tools import tool_prompt
+        try:
+            tokenizer.encode(tool_prompt(tools))
+        except Exception as exc:
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            raise ConfigError(f"environment {plugins['environment_source'].label!r}: the tool instructions it renders "
+                              f"into every prompt cannot be encoded by the tokenizer of model.path ({detail}); the "
+                              "data rows are not at fault: use a tokenizer that covers the instructions, or an "
+                              "environment that renders none (environment.file with a function: "
+                              "docs/multiturn.md)") from None
+    return tools
 
 
 def _supports_lora(registry: Registry, name: str) -> bool:

@@ -98,7 +98,7 @@ class Trainer:
         self.tokenizer = self.workers.tokenizer
         self.rollout = build_rollout(plugins, cfg, self.workers)                  # multi-turn with an environment
         check_rollout_log_probs(cfg, self.rollout)
-        tools = prompt_tools(plugins)                                              # a tool environment's
+        tools = prompt_tools(plugins, self.tokenizer)                              # a tool environment's
         source = plugins["data_source"](cfg)                                      # data.source: files or a generator
         self.val_data = load_split(source, "val", cfg.data, self.tokenizer, tools=tools)
         if self.val_data is None:

@@ -48,18 +48,19 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
 
     Returns ({"reward/mean", f"reward/best@{n}", f"reward/pass@{k}" for k in pass_ks(n) (a sample passes
     with a score >= reward.pass_threshold), "reward/errors", "reward/timeouts", "reward/crashes" (failed
-    reward calls, summed), "<source>/reward/mean" (when there are sources), and for multi-turn episodes
-    the episode/... metrics of training (turns, tool calls, ...) over all samples}, the first `keep` sample
-    rows: prompt, response, score (keep = -1: every sample, each also with its data row's index, data source
-    and the row itself, what `nanoverl-train eval --samples` writes)).
-    `progress(k)` is called after each batch of k prompts.
-    Runs under a forked RNG seeded from `seed` (the CPU's and every CUDA device's, since re-seeding
-    seeds them all), so it leaves the caller's random stream untouched.
-    """
+    reward calls, summed), every extra key the rewards return as in training (reward/<key>, with components
+    reward/<name>/<key> and reward/<name>/mean: the mean over the samples that returned it),
+    "rollout/truncated_frac" (samples that ended without a stop token), "<source>/reward/mean" (when there
+    are sources), and for multi-turn episodes the episode/... metrics of training (turns, tool calls, ...)
+    over all samples}, the first `keep` sample rows: prompt, response, score, the rewards' extra keys
+    ("extras") and a failed call's "error" (keep = -1: every sample, each also with its data row's index,
+    data source and the row itself, what `nanoverl-train eval --samples` writes)). `progress(k)` is called
+    after each batch of k prompts. Runs under a forked RNG seeded from `seed` (the CPU's and every CUDA
+    device's), so it leaves the caller's random stream untouched."""
     by_source: dict[str, list[float]] = defaultdict(list)
-    means, bests, samples, passed = [], [], [], []
-    failures: dict[str, float] = defaultdict(float)
-    episodes: dict[str, float] = defaultdict(float)  # sums over samples (episode/errors is a count already)
+    means, bests, samples, passed, truncated = [], [], [], [], 0
+    failures, episodes = defaultdict(float), defaultdict(float)  # episodes: sums over samples (`_tally`)
+    extras: dict[str, list[float]] = defaultdict(list)  # each extra key's values, over the samples that returned it
     with fork_rng():
         torch.manual_seed(seed)
         for start in range(0, len(data), config.data.val_batch_size):
@@ -70,11 +71,8 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             batch.update(check_rollout_columns(rollout.generate(batch, params), config.rollout.name))
             scored, reward_metrics = scorer.score_batch(batch, tokenizer, step, phase="val")
             scores, texts = scored["score"], scored["response_text"]   # an episode's: with its environment's rewards
-            for key in ("reward/errors", "reward/timeouts", "reward/crashes"):
-                failures[key] += reward_metrics.get(key, 0.0)
-            if is_episodes(batch):
-                for key, value in episode_metrics(batch).items():
-                    episodes[key] += value if key == "episode/errors" else value * len(batch)
+            details = scored["reward_detail"]
+            truncated += _tally(batch, reward_metrics, details, failures, extras, episodes)
             per_prompt = scores.view(-1, n)  # (prompts, n)
             passed += (per_prompt >= config.reward.pass_threshold).sum(1).tolist()
             means += per_prompt.mean(1).tolist()
@@ -82,10 +80,12 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             for source, score in zip(batch["data_source"], scores.tolist()):
                 by_source[source].append(score)
             count = len(batch) if keep < 0 else min(keep - len(samples), len(batch))
-            samples += _sample_rows(batch, texts, scores, count, every=keep < 0)
+            samples += _sample_rows(batch, texts, scores, details, count, every=keep < 0)
             if progress is not None:
                 progress(len(indices))
     metrics = {"reward/mean": sum(means) / len(means), f"reward/best@{n}": sum(bests) / len(bests), **failures}
+    metrics.update({key: sum(values) / len(values) for key, values in sorted(extras.items())})
+    metrics["rollout/truncated_frac"] = truncated / (len(means) * n)
     metrics.update({key: value if key == "episode/errors" else value / len(means) / n for key, value in episodes.items()})
     metrics.update({f"reward/pass@{k}": sum(pass_at_k(n, c, k) for c in passed) / len(passed) for k in pass_ks(n)})
     if len(by_source) > 1 or "default" not in by_source:
@@ -93,11 +93,37 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
     return metrics, samples
 
 
-def _sample_rows(batch, texts: list[str], scores: torch.Tensor, count: int, every: bool) -> list[dict]:
-    """The first `count` scored samples as rows: prompt, response, score (an episode's turns); `every` (eval
-    --samples) adds each one's data row, its index and its data source."""
+def _tally(batch, reward_metrics: dict[str, float], details: list[dict], failures: dict[str, float],
+           extras: dict[str, list[float]], episodes: dict[str, float]) -> int:
+    """Add a scored batch's failed calls to `failures`, its rewards' extra values to `extras` and its episode
+    metrics (times the samples; episode/errors as is) to `episodes`; return its truncated samples."""
+    for key in ("reward/errors", "reward/timeouts", "reward/crashes"):
+        failures[key] += reward_metrics.get(key, 0.0)
+    for detail in details:
+        for key, value in detail.items():
+            if key != "error":
+                extras[key].append(value)
+    if is_episodes(batch):
+        for key, value in episode_metrics(batch).items():
+            episodes[key] += value if key == "episode/errors" else value * len(batch)
+    return int(batch["truncated"].sum())
+
+
+def sample_detail(detail: dict) -> dict:
+    """A sample row's share of a scorer's row detail: {"extras": {key: value}} when its rewards returned extra
+    keys (under their metric names), {"error": <what went wrong>} when a call failed."""
+    extras = {k: v for k, v in detail.items() if k != "error"}
+    return ({"extras": extras} if extras else {}) | ({"error": detail["error"]} if "error" in detail else {})
+
+
+def _sample_rows(batch, texts: list[str], scores: torch.Tensor, details: list[dict], count: int,
+                 every: bool) -> list[dict]:
+    """The first `count` scored samples as rows: prompt, response, score, the rewards' extras and a failed
+    call's error (`sample_detail`), an episode's turns; `every` (eval --samples) adds each one's data row,
+    its index and its data source."""
     return [{**({"index": batch["index"][i], "data_source": batch["data_source"][i]} if every else {}),
              "prompt": batch["prompt_text"][i], "response": texts[i], "score": float(scores[i]),
+             **sample_detail(details[i]),
              **({"episode": batch["episode"][i]} if is_episodes(batch) else {}),
              **({"row": batch["row"][i]} if every else {})} for i in range(count)]
 
@@ -172,8 +198,22 @@ def format_eval(report: dict[str, Any]) -> str:
                     if key.endswith("/reward/mean") and key != "reward/mean"]
     lines += [f"  {name:<10} {source}: {value:.4f}" for name, source, value in sources]
     lines += [f"  {name:<10} {key}: {value:.4f}" for name, m in report["results"].items()
-              for key, value in m.items() if key.startswith("episode/") and key.endswith(("/mean", "/rate"))]
+              for key, value in m.items() if shown_in_table(key, value)]
     return "\n".join(lines)
+
+
+COUNTS = ("reward/errors", "reward/timeouts", "reward/crashes", "episode/errors")
+
+
+def shown_in_table(key: str, value: float) -> bool:
+    """The metrics the eval table lists under its rows: the rewards' extra keys (reward/<key>, the code reward's
+    compile_error, ...), rollout/truncated_frac, the episode counters' /mean and /rate, and failed calls when
+    there were any; not the columns (mean@n, best@n), pass@k or the per-source means listed above them."""
+    if key in COUNTS:
+        return value > 0
+    if key.startswith("reward/"):
+        return key != "reward/mean" and not key.startswith(("reward/best@", "reward/pass@"))
+    return key == "rollout/truncated_frac" or key.startswith("episode/") and key.endswith(("/mean", "/rate"))
 
 
 def eval_before_after(config, rollout, tokenizer, scorer, data, run_dir: Path, step: int, when: str) -> None:

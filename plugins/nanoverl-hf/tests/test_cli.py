@@ -45,6 +45,34 @@ def test_tiny_grpo_reward_rises(tmp_path):
     assert (tmp_path / "run" / "checkpoints").is_dir()
 
 
+def test_the_quickstart_config_scores_a_response_that_never_stops_below_one_that_stops():
+    """The Quickstart's model never emitted EOS (greedy "6162<bos><bos>", truncated_frac 1.0 after 400 steps):
+    char_match reads the decoded text, which drops special tokens, so a response that runs to
+    rollout.max_new_tokens scored what "6162<eos>" does. tiny_grpo.toml's overlong penalty over the
+    budget's last token makes stopping pay, and the rollout's stop id is the tokenizer's EOS."""
+    import attrs
+    from transformers import AutoTokenizer
+
+    from nanoverl_core import load_config, load_registry, responses_to_batch
+    from nanoverl_core.reward import RewardScorer
+
+    registry = load_registry()
+    config = load_config(REPO / "examples" / "configs" / "tiny_grpo.toml", registry=registry, training=False)
+    tokenizer = AutoTokenizer.from_pretrained(REPO / config.model.path)
+    digits, bos, eos = tokenizer.encode("6162"), tokenizer.bos_token_id, tokenizer.eos_token_id
+    assert len(digits) == 4 and eos == 2 and config.rollout.max_new_tokens == 6
+    batch = responses_to_batch([digits + [bos, bos], digits + [eos]], eos_token_id=eos,
+                               pad_token_id=tokenizer.pad_token_id, max_new_tokens=config.rollout.max_new_tokens)
+    for key, value in dict(prompt_text=["6162="] * 2, row=[{"target": "6162"}] * 2, index=[0, 1],
+                           data_source=["tiny_copy"] * 2).items():
+        batch[key] = value
+    scorer = RewardScorer(attrs.evolve(config.reward, workers=0), registry,
+                          max_new_tokens=config.rollout.max_new_tokens)
+    scored, metrics = scorer.score_batch(batch, tokenizer)
+    assert batch["truncated"].tolist() == [True, False] and scored["response_text"] == ["6162", "6162"]
+    assert scored["score"].tolist() == [pytest.approx(0.9), 1.0]
+
+
 def test_a_missing_gguf_file_exits_2_with_one_error_line(tmp_path):
     missing = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     run = train("--config", "examples/configs/smollm2_gsm8k_cpu.toml", f"model.path={missing}",

@@ -229,3 +229,19 @@ def test_the_multiturn_twin_of_the_tiny_copy_task_learns(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["val/reward/mean"] >= 0.9, rows[-1]
     assert rows[-1]["episode/turns/mean"] == 2.0 and rows[-1]["episode/env_tokens/mean"] == 1.0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nanoverl_grpo") is None, reason="needs nanoverl-grpo")
+def test_the_tiny_model_learns_a_tool_from_an_environment_file(tmp_path):
+    """examples/configs/tiny_tool.toml as a user runs it: the environment and its tool are one file
+    (environment.file, no plugin), run in the environment workers; from random weights the model learns
+    to dial the code and read the phone book's number back. Measured: greedy validation >= 0.99 from step
+    200 on seeds 0-4 (docs/multiturn.md); validation codes are never trained on, so only tool use scores."""
+    run = subprocess.run([sys.executable, "-m", "nanoverl_core.cli", "--config", "examples/configs/tiny_tool.toml",
+                          f"trainer.output_dir={tmp_path}", "trainer.total_steps=250", "trainer.save_every=0",
+                          "trainer.val_every=250", "trainer.progress=none"], cwd=REPO, capture_output=True, text=True,
+                         timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["val/reward/mean"] >= 0.9 and last["val/episode/dialed_right/mean"] >= 0.9, last
+    assert last["val/episode/turns/mean"] == 2.0 and last["val/rollout/truncated_frac"] <= 0.1, last

@@ -320,7 +320,8 @@ def _check_gdpo(config: Config) -> None:
         return
     extra = [key for key, on in (("reward.overlong_buffer_len", config.reward.overlong_buffer_len),
                                  ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward),
-                                 ("environment.name", config.environment.name)) if on]
+                                 ("environment.name", config.environment.name),
+                                 ("environment.file", config.environment.file)) if on]
     if extra:
         raise ConfigError(f"algorithm.advantage_estimator = 'gdpo' normalises each [[reward.components]] score on "
                           f"its own, so it would ignore what {extra[0]} adds to the score; unset {extra[0]}, or "
@@ -355,10 +356,12 @@ def remax(batch: RLBatch, config: AlgorithmConfig) -> Tensors:
 
 def _check_remax(config: Config) -> None:
     """The baseline rollout is single-turn: a greedy episode through an environment is not built."""
-    if config.environment.name:
+    env = config.environment
+    key, value = ("environment.name", env.name) if env.name else ("environment.file", env.file)
+    if value:
         raise ConfigError("algorithm.advantage_estimator = 'remax' needs a greedy single-turn baseline response per "
-                          f"prompt, which multi-turn episodes (environment.name = {config.environment.name!r}) do not "
-                          "have; unset environment.name or use grpo / rloo")
+                          f"prompt, which multi-turn episodes ({key} = {value!r}) do not have; unset {key} or use "
+                          "grpo / rloo")
 
 
 remax.requires_greedy_baseline = True
