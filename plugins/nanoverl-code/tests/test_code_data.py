@@ -203,6 +203,7 @@ def test_a_run_on_generated_tasks_killed_mid_step_resumes_to_the_identical_run(t
             "data.val_files=[]", "data.code_tasks.size=12", "data.code_tasks.val_size=4", "data.code_tasks.tests=2",
             "data.apply_chat_template=false", "data.max_prompt_length=400", "data.batch_size=4", "rollout.n=2",
             "rollout.max_new_tokens=8", f"model.path={tiny_model}", "reward.name=code", "reward.workers=2",
+            "reward.overlong_buffer_len=0",
             "trainer.total_steps=6", "trainer.save_every=2", "trainer.val_every=3", "trainer.progress=none",
             "trainer.rollout_samples=-1", "tracking.trackers=[jsonl]"]
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
