@@ -134,7 +134,7 @@ def test_a_short_run_trains_on_generated_rows_scored_by_the_verifier(tiny_model,
             "data.reasoning_gym.size=16", "data.reasoning_gym.val_size=8", "data.reasoning_gym.system_prompt=direct",
             "data.apply_chat_template=false", "data.max_prompt_length=400", "data.batch_size=4", "rollout.n=2",
             "rollout.max_new_tokens=8", f"model.path={tiny_model}", "trainer.total_epochs=3", "trainer.val_every=2",
-            "trainer.rollout_samples=-1", "trainer.progress=none", "tracking.trackers=[jsonl]",
+            "reward.overlong_buffer_len=0", "trainer.rollout_samples=-1", "trainer.progress=none", "tracking.trackers=[jsonl]",
             f"trainer.output_dir={run_dir}"]
     dry = run_cli(*args, "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
