@@ -25,9 +25,10 @@ ROOT = Path(__file__).parent
 DEPS = ROOT / ".nox" / "_deps"
 DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors", "datasets>=3.0", "numpy",
              "attrs>=23.1", "cattrs>=23.2", "pluggy>=1.5", "pyyaml", "matplotlib>=3.7", "mlflow>=2.16", "pytest>=8",
-             "pytest-timeout", "pytest-xdist>=3.5", "hypothesis>=6.100", "playwright>=1.40", "setuptools>=68", "wheel"]
+             "pytest-timeout", "pytest-xdist>=3.5", "hypothesis>=6.100", "playwright>=1.40", "setuptools>=68", "wheel",
+             "fastapi>=0.110", "uvicorn>=0.29", "openai>=1.40", "httpx>=0.27"]   # the last four: the agent endpoint
 PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math", "code", "reasoning-gym",
-                                                         "mlflow", "tensorboard", "wandb")}
+                                                         "mlflow", "tensorboard", "wandb", "verifiers", "openenv")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "TOKENIZERS_PARALLELISM": "false"}
 """OMP_NUM_THREADS: the caller's, else 1 (torch's intra-op threads; the suite passes with 1 or 2, which round
@@ -203,6 +204,42 @@ def vllm_plugin(session):
     """nanoverl-vllm installed without vLLM: listed, and choosing it exits 2 with the install line."""
     _setup(session, "hf", "grpo", "vllm")
     _pytest(session, "plugins/nanoverl-vllm/tests")
+
+
+OPENENV_DEPS = ["websockets", "fastmcp>=3,<4"]
+"""What nanoverl-openenv runs of OpenEnv: `openenv==0.10.0` itself is installed --no-deps (its declared gradio
+web UI, which pins pillow below 13, and its openai client are never imported), then what its server and client
+import; into the openenv session's venv only."""
+
+
+@nox.session(python="3.11")
+def openenv(session):
+    """nanoverl-openenv with OpenEnv (pinned): a game written with OpenEnv's API, in-process and behind OpenEnv's
+    uvicorn server (sessions, faults, settings mistakes), and short runs on the debug backends."""
+    _setup(session, "grpo", "openenv")
+    session.run("python", "-m", "pip", "install", "-q", "--no-deps", "openenv==0.10.0", env=ENV)
+    session.run("python", "-m", "pip", "install", "-q", *OPENENV_DEPS, env=ENV)
+    _pytest(session, "plugins/nanoverl-openenv/tests")
+    _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [environment.openenv]'s keys
+
+
+VERIFIERS_DEPS = ["anthropic", "aiolimiter", "msgpack", "pyzmq", "setproctitle", "tenacity", "renderers==0.1.12",
+                  "prime-sandboxes", "griffelib", "mcp", "rich"]
+"""What verifiers 0.3.1's classic API imports, installed into the verifiers session's venv only; verifiers and
+openai-agents themselves go in without their dependencies (openai-agents pins websockets<17, which other
+sessions' packages need newer)."""
+
+
+@nox.session(python="3.11")
+def verifiers(session):
+    """nanoverl-verifiers with verifiers 0.3.1: a SingleTurnEnv and a ToolEnv written with its API, run in real
+    agent workers through the endpoint on a tiny hf model; nanoverl-train on the environment's dataset; bad
+    settings as one error line."""
+    _setup(session, "hf", "verifiers")
+    session.run("python", "-m", "pip", "install", "-q", "--no-deps", "verifiers==0.3.1", "openai-agents==0.24.0",
+                env=ENV)
+    session.run("python", "-m", "pip", "install", "-q", *VERIFIERS_DEPS, env=ENV)
+    _pytest(session, "plugins/nanoverl-verifiers/tests")
 
 
 @nox.session(venv_backend="none")

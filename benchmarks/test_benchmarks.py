@@ -238,6 +238,14 @@ def test_multiturn_cost_times_episodes_against_single_responses_of_as_many_token
     assert result["ratio"] > 0 and len(result["episodes_s_all"]) == 1
 
 
+@pytest.mark.skipif(importlib.util.find_spec("fastapi") is None, reason="needs the agent endpoint's packages")
+def test_agents_overhead_samples_the_episode_loops_tokens():
+    [result] = run("agents_overhead.py", "--rows", "4", "--turn-tokens", "4", "--reps", "1")
+    assert result["benchmark"] == "agents_overhead" and result["identical"] is True
+    assert result["model_tokens"] == {"episodes": 48, "agents": 48}         # 4 rows x 3 turns x 4 tokens
+    assert result["ratio"] > 0 and len(result["agents_s_all"]) == 1
+
+
 @pytest.mark.skipif(importlib.util.find_spec("nanoverl_reasoning_gym") is None
                     or importlib.util.find_spec("nanoverl_hf") is None,
                     reason="needs nanoverl-reasoning-gym and nanoverl-hf")

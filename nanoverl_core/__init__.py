@@ -6,6 +6,7 @@ Names that need torch are imported on first use, so `nanoverl-train plugins` and
 Public modules, the only ones a plugin imports (tests/test_layout.py holds every plugin to this list):
 
     nanoverl_core             hookimpl, RLBatch, Config, load_config, load_registry, TorchActor, the errors
+    nanoverl_core.agents      agents on an OpenAI client: AgentRollout, the endpoint, Transcript (merging calls)
     nanoverl_core.algos       RL math: masked reductions, KL, losses, advantages, groups
     nanoverl_core.batch       RLBatch, the dict of tensors every stage passes on
     nanoverl_core.config      the typed config classes, load_config
@@ -34,7 +35,7 @@ from .errors import ConfigError, DataError, PluginError, RewardError, RolloutErr
 from .hookspecs import hookimpl
 from .plugins import Registry, load_registry
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _LAZY = {"RLBatch": "batch", "SamplingParams": "rollout", "responses_to_batch": "rollout",
          "TorchActor": "workers", "TorchCritic": "workers", "Workers": "protocols"}

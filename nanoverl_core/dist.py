@@ -140,8 +140,9 @@ def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...], 
     seeds every request itself (vLLM) draws in one process. Such a rollout then samples the same
     tokens for every row on any number of ranks.
 
-    The per-rank outputs are gathered and right-padded to one width (`responses` with pad_token_id,
-    other 2-D columns with 0), in row order.
+    The per-rank outputs are gathered and padded to one width, in row order: `prompts` / `prompt_mask` (an
+    agent rollout returns the prompts its model read) on the left, `responses` with pad_token_id and other
+    2-D columns with 0 on the right.
     """
     if not is_distributed():
         return generate(batch)
@@ -161,7 +162,9 @@ def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...], 
     dist.all_gather_object(parts, out)
     for key in [k for k, v in out.tensors.items() if v.dim() == 2]:  # (rows, R): R differs between ranks
         width = max(part[key].shape[1] for part in parts)
-        fill = pad_token_id if key == "responses" else 0
+        fill = pad_token_id if key in ("responses", "prompts") else 0
+        left = key in ("prompts", "prompt_mask")                      # an agent rollout's own prompts
         for part in parts:
-            part[key] = torch.nn.functional.pad(part[key], (0, width - part[key].shape[1]), value=fill)
+            missing = width - part[key].shape[1]
+            part[key] = torch.nn.functional.pad(part[key], (missing, 0) if left else (0, missing), value=fill)
     return RLBatch.concat(parts)

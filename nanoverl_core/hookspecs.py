@@ -136,6 +136,20 @@ def register_environments(register: Register) -> None:
 
 
 @hookspec
+def register_agents(register: Register) -> None:
+    """Register agents, selected by ``agent.name``; settings in ``[agent.<name>]``.
+
+    obj: an agent function, ``agent(row: dict, client[, settings=...])``, plain or ``async def``: it talks
+    to the model through ``client`` (an ``openai.OpenAI``, or ``openai.AsyncOpenAI`` for an async one,
+    pointed at the run's endpoint for this episode) as to any OpenAI-compatible server, and returns the
+    episode's reward, None (scoring left to [reward]), or ``{"reward": ..., "info": {name: number}}``.
+    Register it as a ``"module:attr"`` string: the agent worker processes import it by that name. Optional
+    attribute: ``check_config(config)``, raising ConfigError before the run directory is written or a model
+    loads (``--dry-run`` runs it too).
+    """
+
+
+@hookspec
 def register_data_sources(register: Register) -> None:
     """Register where prompts come from, selected by ``data.source`` (default ``"files"``: the built-in
     reader of ``data.train_files`` / ``data.val_files``); settings in ``[data.<name>]``.
@@ -157,6 +171,7 @@ HOOKS: dict[str, str] = {
     "register_trackers": "tracker",
     "register_policy_losses": "policy_loss",
     "register_environments": "environment",
+    "register_agents": "agent",
     "register_data_sources": "data_source",
 }
 """Hook name -> registry kind."""

@@ -113,6 +113,23 @@ def import_file(path: str | Path, key: str, error: type[Exception] = PluginError
     return module
 
 
+def functions_in_file(path: str | Path, key: str, names: tuple[str, ...], name_key: str) -> dict[str, Any]:
+    """`names` from the .py file at `path` (config key `key`), each a function, or one ConfigError naming
+    `name_key` with the functions the file does define."""
+    import inspect
+
+    from .errors import ConfigError
+
+    module = import_file(path, key, ConfigError)
+    found = {name: getattr(module, name, None) for name in names}
+    missing = [name for name, fn in found.items() if not callable(fn)]
+    if missing:
+        defined = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__)
+        raise ConfigError(f"{name_key}: {', '.join(map(repr, missing))} is not a function in {path} (its functions: "
+                          f"{', '.join(defined) or 'none'}); fix {name_key}")
+    return found
+
+
 @attrs.define
 class Entry:
     kind: str

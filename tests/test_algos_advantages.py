@@ -86,6 +86,13 @@ def test_reinforce_plus_plus_skips_inner_padding():
     close(ret[0], [1.5, 0.0, 1.0, 2.0])
 
 
-def test_reinforce_plus_plus_needs_two_valid_tokens_to_whiten():
-    with pytest.raises(ValueError, match="at least 2 valid"):
-        compute_reinforce_plus_plus_outcome_advantage(torch.ones(1, 2), torch.tensor([[1.0, 0.0]]), gamma=1.0)
+def test_reinforce_plus_plus_and_whitened_gae_give_zeros_where_fewer_than_two_tokens_count():
+    """A step whose every episode failed before its first token (environment.on_error = "zero") has no token
+    to learn from: zero advantages, where verl's whitening raises (masked_var needs two valid elements)."""
+    for mask in (torch.tensor([[1.0, 0.0]]), torch.zeros(2, 3)):
+        adv, _ = compute_reinforce_plus_plus_outcome_advantage(torch.ones(mask.shape), mask, gamma=1.0)
+        assert torch.equal(adv, torch.zeros(mask.shape))
+        batch = RLBatch({"token_level_rewards": torch.ones(mask.shape), "values": torch.zeros(mask.shape),
+                         "loss_mask": mask})
+        adv, _ = gae(batch, AlgorithmConfig(whiten_advantages=True))
+        assert torch.equal(adv, torch.zeros(mask.shape))

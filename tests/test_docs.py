@@ -27,7 +27,7 @@ PLUGINS = sorted(p for p in (ROOT / "plugins").iterdir() if (p / "README.md").is
 KINDS = {"register_rollouts": "rollout", "register_workers": "worker", "register_rewards": "reward",
          "register_trackers": "tracker", "register_advantage_estimators": "advantage estimator",
          "register_policy_losses": "policy loss", "register_environments": "environment",
-         "register_data_sources": "data source"}
+         "register_data_sources": "data source", "register_agents": "agent"}
 NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
            "ten": 10}
 

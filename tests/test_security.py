@@ -100,8 +100,8 @@ def test_source_never_unpickles_or_evaluates(tree):
 
 def test_code_is_imported_only_from_entry_points_and_reward_file():
     """Config strings are looked up in the registry, never imported; the dynamic imports in the core are the
-    registry's own lazy "module:attr" strings (written by plugin authors), reward.file and environment.file
-    (plugins.import_file, the file the user named), and a reward worker or environment worker importing the
+    registry's own lazy "module:attr" strings (written by plugin authors), reward.file, environment.file and
+    agent.file (plugins.import_file, the file the user named), and a reward worker or environment worker importing the
     module of an object the registry already resolved (its registered "module:attr" or its __module__, never
     a config value)."""
     dynamic = {}
@@ -111,6 +111,7 @@ def test_code_is_imported_only_from_entry_points_and_reward_file():
                     "import_module", "spec_from_file_location", "exec_module", "load_source", "run_path"):
                 dynamic.setdefault(str(f.relative_to(ROOT)), []).append(_dotted(node.func).split(".")[-1])
     assert dynamic == {"nanoverl_core/__init__.py": ["import_module"],       # its own lazy public names
+                       "nanoverl_core/agents/__init__.py": ["import_module"],   # its own lazy public names
                        "nanoverl_core/env/__init__.py": ["import_module"],   # its own lazy public names
                        "nanoverl_core/plugins.py": ["import_module",  # import_ref: registered "module:attr"
                                                     "spec_from_file_location", "exec_module"],  # import_file

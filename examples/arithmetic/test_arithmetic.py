@@ -186,3 +186,12 @@ def test_the_trainer_loads_it_as_a_reward_file():
     from nanoverl_core.reward import load_reward_fn
     fn, label = load_reward_fn(RewardConfig(file=str(HERE / "reward.py"), function="arithmetic"), Registry())
     assert fn("", "3 + 4 = 7", truth("7")) == 1.0 and label.endswith("reward.py:arithmetic")
+
+
+def test_the_agent_data_are_the_two_digit_problems_without_examples():
+    """examples/data/arithmetic_agent (the agent recipe's rows): `--demo none`'s files, the question alone."""
+    agent = DATA.with_name("arithmetic_agent")
+    assert make_data.main(["--task", "two_digit", "--demo", "none", "--check", "--out", str(agent)]) == 0
+    rows = [json.loads(line) for line in (agent / "val.jsonl").read_text().splitlines()]
+    tool = [json.loads(line) for line in (TOOL_DATA / "val.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == [t["prompt"][-1:] for t in tool]

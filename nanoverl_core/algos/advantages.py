@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from ..config import AlgorithmConfig
 
 
+def whitened(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """masked_whiten(x, mask) * mask; all zeros when fewer than two tokens count (a step whose every episode
+    failed before its first token: nothing to learn from, where verl's whitening raises)."""
+    return masked_whiten(x, mask) * mask if mask.sum() >= 2 else torch.zeros_like(x)
+
+
 @torch.no_grad()
 def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor,
                                  response_mask: torch.Tensor, gamma: float, lam: float,
@@ -77,7 +83,7 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Ten
         valid = mask[:, t].bool()
         running = torch.where(valid, token_level_rewards[:, t] + gamma * running, running)
         returns[:, t] = torch.where(valid, running, torch.zeros_like(running))
-    advantages = masked_whiten(returns, mask) * mask
+    advantages = whitened(returns, mask)
     return advantages, returns
 
 
@@ -89,7 +95,7 @@ def gae(batch: RLBatch, config: AlgorithmConfig) -> tuple[torch.Tensor, torch.Te
     advantages, returns = compute_gae_advantage_return(batch["token_level_rewards"], batch["values"], mask,
                                                        gamma=config.gamma, lam=config.lam)
     if config.whiten_advantages:
-        advantages = masked_whiten(advantages, mask) * mask
+        advantages = whitened(advantages, mask)
     return advantages, returns
 
 

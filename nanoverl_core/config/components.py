@@ -23,7 +23,7 @@ Config = Any
 
 COMPONENTS: dict[str, str] = {"rollout": "rollout", "worker": "worker", "actor": "policy_loss",
                               "algorithm": "advantage_estimator", "reward": "reward", "tracking": "tracker",
-                              "environment": "environment", "data": "data_source"}
+                              "environment": "environment", "agent": "agent", "data": "data_source"}
 """Config section -> the registry kind of the component(s) it selects. A component that registered a
 settings class (`register(..., settings=Cls)`) is configured in the table [<section>.<name>]; the
 selected one's settings object is `config.<section>.settings` (for trackers, a dict by name)."""
@@ -46,6 +46,7 @@ def selected_names(config: Config, section: str) -> list[str]:
             else [] if config.reward.file else [config.reward.name],
             "tracking": list(config.tracking.trackers),
             "environment": [config.environment.name] if config.environment.name else [],
+            "agent": [config.agent.name] if config.agent.name else [],
             "data": [config.data.source]}[section]
 
 

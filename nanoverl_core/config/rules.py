@@ -174,6 +174,20 @@ def environment_rules(config: Config) -> None:
                           + (", not both" if env.function else ""))
 
 
+def agent_rules(config: Config) -> None:
+    agent = config.agent
+    given = [k for k in ("name", "file", "command") if getattr(agent, k)]
+    if len(given) > 1:
+        raise ConfigError(f"agent.{given[0]} and agent.{given[1]} are both set; set one of them: a registered "
+                          "agent, a file with agent.function, or a program (agent.command)")
+    if bool(agent.file) != bool(agent.function):
+        raise ConfigError("agent.file needs agent.function (the agent function in the file)" if agent.file else
+                          "agent.function is set but agent.file is empty; set agent.file or remove the key")
+    if agent.enabled and (config.environment.name or config.environment.file):
+        raise ConfigError("[agent] and [environment] are both set; an agent drives its own episodes through the "
+                          "endpoint: remove one of them (docs/agents.md)")
+
+
 def data_file_rules(config: Config) -> None:
     if config.data.source != "files":
         given = [k for k in ("train_files", "val_files") if getattr(config.data, k)]
@@ -193,5 +207,6 @@ def training_data_rules(config: Config) -> None:
 
 
 SECTION_RULES = (trainer_rules, rollout_rules, actor_rules, critic_rules, reference_rules,
-                 algorithm_rules, model_rules, lora_rules, reward_rules, environment_rules, data_file_rules)
+                 algorithm_rules, model_rules, lora_rules, reward_rules, environment_rules, agent_rules,
+                 data_file_rules)
 """The order `check_config` runs them in."""

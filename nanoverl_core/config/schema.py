@@ -503,6 +503,54 @@ class EnvironmentConfig:
 
 
 @attrs.define
+class AgentConfig:
+    """[agent]: agent programs written against an OpenAI client, trained through the endpoint the rollout
+    serves (docs/agents.md). Empty name, file and command: no agents."""
+
+    name: str = ""
+    """A registered agent (`nanoverl-train plugins` lists them)."""
+    file: str = attrs.field(default="", validator=python_file)
+    """Instead of a name: a .py file holding the agent function (runs its code; a warning says so)."""
+    function: str = ""
+    """The agent function in `file`: `agent(row, client[, settings])`, sync or async, returning the
+    episode's reward or None (scoring left to [reward] on the last model turn's text)."""
+    command: list[str] = attrs.Factory(list)
+    """Instead of a function: a program started once per episode, with OPENAI_BASE_URL, OPENAI_API_KEY and
+    NANOVERL_ROW (the row as JSON, also on its stdin); its last line of output is its reward (JSON)."""
+    workers: int = attrs.field(default=2, validator=at_least(1))
+    """Worker processes the agents run in, each its share of a batch's agents at once."""
+    timeout_s: float = attrs.field(default=120.0, validator=at_least(0))
+    """Time limit in seconds of one agent's whole episode; 0: none."""
+    on_error: Literal["raise", "zero"] = "raise"
+    """An agent that fails (raises, hangs, crashes, never calls the model, floods it, sends a request the
+    endpoint refuses, or a history that does not extend): "raise" stops (exit 2, naming the row), "zero"
+    scores that row 0, counts the kind in episode/error_<kind>/rate and writes it to reward_errors.jsonl."""
+    max_calls: int = attrs.field(default=32, validator=at_least(1))
+    """Model calls one episode may make; the next is refused (429) and the episode fails as `flood`."""
+    score_answer: bool = True
+    """Also score the last model turn's text with [reward] (added with weight 1); false: the agent's reward alone."""
+    reward_weight: float = attrs.field(default=1.0, validator=finite())
+    """Weight of the reward the agent returns (on the row's last model token)."""
+    tool_format: Literal["auto", "template", "hermes"] = "auto"
+    """How the tools of a request reach the model: the chat template's own tool format ("template"), the
+    Hermes `<tool_call>` block in the system message ("hermes"), or the template's where it renders tools
+    and Hermes' otherwise ("auto"). Calls are read from `<tool_call>` JSON in either case."""
+    max_prompt_tokens: int = attrs.field(default=2048, validator=at_least(1))
+    """The longest first-call prompt an agent may send (tokens); a longer one is refused."""
+    batch_window_ms: float = attrs.field(default=1000.0, validator=at_least(0))
+    """Calls go to the engine together once every running agent waits on one (lockstep rounds, as
+    environment episodes run, so batches and samples repeat and runs resume exactly), or this long after
+    the oldest queued call, so an agent busy with its own work (or hung) holds the others back no longer;
+    0: no limit (an agent's timeout_s is the only one)."""
+    settings: Any = _settings()
+    """The selected agent's own settings, written as [agent.<name>]."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.name or self.file or self.command)
+
+
+@attrs.define
 class TrackingConfig:
     trackers: list[str] = attrs.Factory(lambda: ["console", "jsonl", "plot"])
     """Registered trackers: console, jsonl (metrics.jsonl), plot (metrics.png); mlflow, tensorboard and wandb
@@ -525,6 +573,7 @@ class Config:
     algorithm: AlgorithmConfig = attrs.Factory(AlgorithmConfig)
     reward: RewardConfig = attrs.Factory(RewardConfig)
     environment: EnvironmentConfig = attrs.Factory(EnvironmentConfig)
+    agent: AgentConfig = attrs.Factory(AgentConfig)
     tracking: TrackingConfig = attrs.Factory(TrackingConfig)
 
     # ---- derived values ------------------------------------------------------------------------

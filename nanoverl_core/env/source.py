@@ -13,14 +13,11 @@ errors as a registered environment.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
-from pathlib import Path
 
 import attrs
 
-from ..errors import ConfigError
-from ..plugins import import_file, import_ref
+from ..plugins import functions_in_file, import_ref
 
 
 @attrs.frozen
@@ -53,15 +50,8 @@ class EnvironmentSource:
         """The environment factory: the file's function, its tools as a `tool_environment`, or the ref's object."""
         if not self.file:
             return import_ref(self.ref)
-        path = Path(self.file)
-        module = import_file(path, "environment.file", ConfigError)
         key = "environment.function" if self.function else "environment.tools"
-        found = {name: getattr(module, name, None) for name in ((self.function,) if self.function else self.tools)}
-        missing = [name for name, fn in found.items() if not callable(fn)]
-        if missing:
-            defined = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__)
-            raise ConfigError(f"{key}: {', '.join(map(repr, missing))} is not a function in {path} (its functions: "
-                              f"{', '.join(defined) or 'none'}); fix {key}")
+        found = functions_in_file(self.file, "environment.file", (self.function,) if self.function else self.tools, key)
         if self.function:
             return found[self.function]
         from .tools import tool_environment

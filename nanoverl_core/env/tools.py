@@ -52,7 +52,12 @@ def tool_schemas(tools: list[Callable]) -> list[dict[str, Any]]:
 
 def tool_prompt(tools: list[Callable]) -> str:
     """Instructions for the tag format and the tools' schemas, for a template without a tool format."""
-    lines = "\n".join(json.dumps(schema["function"]) for schema in tool_schemas(tools))
+    return tool_prompt_from_schemas(tool_schemas(tools))
+
+
+def tool_prompt_from_schemas(schemas: list[dict[str, Any]]) -> str:
+    """`tool_prompt` for tools given as OpenAI JSON schemas ({"type": "function", "function": {...}})."""
+    lines = "\n".join(json.dumps(schema["function"]) for schema in schemas)
     return ("You can call tools. To call one, write\n"
             '<tool_call>{"name": <tool name>, "arguments": <arguments as a JSON object>}</tool_call>\n'
             "and its result comes back in <tool_response></tool_response>. When you have the result, give your "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import sys
 from pathlib import Path
@@ -40,12 +41,13 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
         check(config)
     env = config.environment
     make_env, env_source = load_environment(config, registry)
+    agent_source = load_agent(config, registry)
+    score_answer = config.agent.score_answer if agent_source else make_env is None or env.score_answer
     resolved = {"estimator": estimator, "data_source": source,
                 "reward": RewardScorer(config.reward, registry, run_dir=config.trainer.output_dir,
-                                       max_new_tokens=config.rollout.max_new_tokens,
-                                       score_answer=make_env is None or env.score_answer,
+                                       max_new_tokens=config.rollout.max_new_tokens, score_answer=score_answer,
                                        prompt_key=config.data.prompt_key),
-                "environment": make_env, "environment_source": env_source,
+                "environment": make_env, "environment_source": env_source, "agent_source": agent_source,
                 "policy_loss": policy_loss,
                 "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
     if import_backends:
@@ -96,12 +98,45 @@ def build_workers(plugins: dict[str, Any], config: Config):
 def build_rollout(plugins: dict[str, Any], config: Config, workers):
     """The selected rollout, running multi-turn episodes (nanoverl_core.env) when environment.name is set."""
     rollout = plugins["rollout"](config, workers)
+    if plugins.get("agent_source") is not None:
+        from ..agents import AgentRollout
+        return AgentRollout(rollout, plugins["agent_source"], config, workers.tokenizer,
+                            model_name=config.model.path or config.rollout.name)
     if plugins["environment"] is None:
         return rollout
     from ..env import EpisodeRollout, environment_calls
     source = plugins["environment_source"]
     calls = environment_calls(config.environment, plugins["environment"], source)
     return EpisodeRollout(rollout, calls, config, workers.tokenizer, name=source.label)
+
+
+def load_agent(config: Config, registry: Registry):
+    """The AgentSource of [agent] (None without one): a registered agent's "module:attr", a file's function
+    (its code run here, so a missing function fails now; a warning says so), or a program that must exist.
+    The endpoint serves through FastAPI and uvicorn, and agents get `openai` clients: without them, one line."""
+    from ..agents.source import AgentSource
+    agent = config.agent
+    if not agent.enabled:
+        return None
+    missing = [m for m in ("fastapi", "uvicorn", "openai", "httpx") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"[agent] needs {', '.join(missing)}: {install_hint('agents')}")
+    if agent.name:
+        registry.entry("agent", agent.name, key="agent.name")
+        obj = registry.entry("agent", agent.name).obj
+        if not isinstance(obj, str):
+            raise PluginError(f"agent.name = {agent.name!r} is registered as an object; register it as a "
+                              "\"module:attr\" string so the agent workers can import it")
+        check = getattr(registry.get("agent", agent.name, key="agent.name"), "check_config", None)
+        if check is not None:                   # what it needs of the config, before the run directory or a model
+            check(config)
+        return AgentSource(name=agent.name, ref=obj)
+    source = AgentSource.from_config(agent)
+    if agent.file and Path(agent.file).is_file():
+        print(f"warning: agent.file runs the Python code in {agent.file}; only use files you trust", file=sys.stderr)
+    source.check()
+    source.load()
+    return source
 
 
 def load_environment(config: Config, registry: Registry) -> tuple[Any, Any]:
@@ -187,6 +222,7 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
         chosen.append(("reward", config.reward.name))
     chosen += [("tracker", name) for name in config.tracking.trackers]
     chosen += [("environment", config.environment.name)] if config.environment.name else []
+    chosen += [("agent", config.agent.name)] if config.agent.name else []
     out = {"config": config.to_dict(),
            "plugins": [{"kind": k, "name": n, "provider": registry.entry(k, n).provider} for k, n in chosen],
            "versions": registry.versions()}
@@ -195,6 +231,10 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
     facts = dict(reference=config.reference.enable, critic=config.critic.enable,
                  rollout_log_probs=rollout_log_probs(config))
     out["step_plan"] = plan_step(config, plugins["estimator"], **facts).describe()
+    if plugins["agent_source"] is not None:
+        out["step_plan"]["agents"] = (f"{plugins['agent_source'].label} in {config.agent.workers} worker processes, "
+                                      f"its calls sampled by rollout.name = {config.rollout.name!r} through the "
+                                      f"OpenAI-compatible endpoint (tools: {config.agent.tool_format})")
     for key in ("actor", "critic") if config.critic.enable else ("actor",):   # the reference's is the actor's
         out["step_plan"][f"{key}_forward"] = planned(config, key)
     if config.model.compute_dtype == "auto":

@@ -28,7 +28,7 @@ def build_tokenizer(alphabet: str, chat_template: str | None = None):
     chars = list(dict.fromkeys(alphabet))
     vocab = {tok: i for i, tok in enumerate([*SPECIALS, *chars])}
     core = Tokenizer(models.WordLevel(vocab, unk_token=None))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one token per character
     core.decoder = decoders.Fuse()                                              # and join them back without spaces
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
                                         eos_token="<eos>")

@@ -1,3 +1,3 @@
 """nanoverl-mlflow: the ``mlflow`` tracker (``tracking.trackers = [..., "mlflow"]``)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -1,3 +1,3 @@
 """nanoverl-tensorboard: the ``tensorboard`` tracker (``tracking.trackers = [..., "tensorboard"]``)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
