@@ -225,6 +225,7 @@ def openenv(session):
 
 VERIFIERS_DEPS = ["anthropic", "aiolimiter", "msgpack", "pyzmq", "setproctitle", "tenacity", "renderers==0.1.12",
                   "prime-sandboxes", "griffelib", "mcp", "rich"]
+DATASETS_OWN = ["datasets==5.2.0", "dill==0.4.1", "pyarrow==25.0.1", "multiprocess==0.70.19"]
 """What verifiers 0.3.1's classic API imports, installed into the verifiers session's venv only; verifiers and
 openai-agents themselves go in without their dependencies (openai-agents pins websockets<17, which other
 sessions' packages need newer)."""
@@ -239,6 +240,9 @@ def verifiers(session):
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", "verifiers==0.3.1", "openai-agents==0.24.0",
                 env=ENV)
     session.run("python", "-m", "pip", "install", "-q", *VERIFIERS_DEPS, env=ENV)
+    # datasets fingerprints the tables verifiers builds; imported from the shared --target folder, its pickling
+    # of pyarrow's types fails (PicklingError on MonthDayNano), so this venv holds its own copies
+    session.run("python", "-m", "pip", "install", "-q", "--ignore-installed", "--no-deps", *DATASETS_OWN, env=ENV)
     _pytest(session, "plugins/nanoverl-verifiers/tests")
 
 
