@@ -25,7 +25,7 @@ import torch
 
 from .batch import RLBatch
 from .config import DataConfig
-from .errors import DataError
+from .errors import DataError, one_line
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -143,7 +143,7 @@ def render_prompt(row: dict[str, Any], cfg: DataConfig, tokenizer, tools: list |
         except DataError:
             raise
         except Exception as exc:  # the template's own raise_exception (jinja's TemplateError), or a bad message
-            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            detail = one_line(exc, 200)
             raise DataError(f"{where}: the tokenizer's chat template refuses the messages of {cfg.prompt_key!r} "
                             f"({detail}); fix the row's messages (roles, their order), use a model.tokenizer_path "
                             "whose template takes them, or set data.apply_chat_template = false") from None

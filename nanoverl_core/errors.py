@@ -6,6 +6,12 @@ line on stderr that starts with `error:`; anything else escaping the CLI is a bu
 """
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """`Type: message` of an exception on one line, cut to `limit` characters: how error lines quote the
+    exception behind them."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+
+
 class UserError(Exception):
     """A mistake the user can fix: the message says what is wrong, where, and how to fix it."""
 

@@ -26,7 +26,7 @@ import attrs
 import pluggy
 
 from . import hookspecs
-from .errors import PluginError
+from .errors import PluginError, one_line
 from .foreign_keys import foreign_name_hint
 from .hookspecs import HOOKS, PROJECT
 
@@ -95,21 +95,34 @@ def import_ref(ref: str) -> Any:
 def import_file(path: str | Path, key: str, error: type[Exception] = PluginError) -> Any:
     """The module a user's .py file defines, named by the config key `key` (reward.file, environment.file):
     a missing file is a ConfigError, one that raises while it imports is `error`, each naming the key."""
-    import importlib.util
-
     from .errors import ConfigError
 
     path = Path(path)
     section = key.partition(".")[0]
     if not path.is_file():
         raise ConfigError(f"{key} = {str(path)!r} does not exist; fix the path or use {section}.name")
-    spec = importlib.util.spec_from_file_location(f"nanoverl_{section}_{path.stem}", path)
+    try:
+        return exec_file(path, f"nanoverl_{section}_{path.stem}")
+    except Exception as exc:
+        raise error(f"{key} {path} failed to import ({one_line(exc)}); fix the file") from None
+
+
+def exec_file(path: str | Path, name: str, *, register: bool = False) -> Any:
+    """Run the .py file at `path` as the module `name` and return it; the file's own exception propagates.
+    `register` puts the module in sys.modules while and after it runs (pickling, dataclasses and pydantic
+    resolve names through it; give each file its own `name` then), and takes it out again if it raises."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        raise error(f"{key} {path} failed to import ({detail}); fix the file") from None
+    except BaseException:
+        if register:
+            sys.modules.pop(name, None)
+        raise
     return module
 
 
@@ -243,7 +256,7 @@ class Registry:
                 raise PluginError(f"{kind} {name!r} from {entry.provider} points at {obj!r}, "
                                   f"which does not exist; this is a bug in {entry.provider}") from None
             except Exception as exc:  # the module itself raised while importing (SyntaxError, RuntimeError, ...)
-                detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                detail = one_line(exc)
                 raise PluginError(f"{kind} {name!r} from {entry.provider} failed to import ({detail}); fix or "
                                   f"uninstall {entry.provider}, or set NANOVERL_DISABLE_PLUGINS={entry.provider} "
                                   "and choose another name") from None

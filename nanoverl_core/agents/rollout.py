@@ -47,7 +47,7 @@ import attrs
 import torch
 
 from ..batch import RLBatch
-from ..errors import EpisodeError
+from ..errors import EpisodeError, one_line
 from ..processes import WorkerPool
 from ..rollout import SamplingParams, stop_token_ids
 from .runner import GRACE_S
@@ -243,7 +243,7 @@ class AgentRollout:
             call = self._call(episode, route, body)
         except Exception as exc:
             if not isinstance(exc, CallRefused):      # a template or tokenizer that fails on the request
-                detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+                detail = one_line(exc)
                 exc = CallRefused(400, "invalid_value", f"the request cannot be rendered for the model ({detail})")
             with self.lock:
                 if episode is not None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..dist import barrier, is_distributed, is_rank0
-from ..errors import CheckpointError, CheckpointMismatch, ConfigError
+from ..errors import CheckpointError, CheckpointMismatch, ConfigError, one_line
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -241,7 +241,7 @@ def reading_checkpoint(path: Path):
                               "loads (unpickling can run arbitrary code); it was not written by nanoverl or was "
                               "tampered with; resume from another checkpoint or delete it") from None
     except (SafetensorError, OSError, EOFError, json.JSONDecodeError, CheckpointMismatch) as exc:
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        detail = one_line(exc)
         raise CheckpointError(f"checkpoint {path} cannot be loaded ({detail}); it is damaged, was not written by "
                               "nanoverl, or does not match this config; use another checkpoint "
                               "(trainer.resume=PATH) or delete it") from None

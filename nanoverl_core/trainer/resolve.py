@@ -10,7 +10,7 @@ from typing import Any
 
 from ..algos.rollout_correction import truncated_sampling_warning
 from ..config import Config, component_settings
-from ..errors import ConfigError, DataError, PluginError, UserError
+from ..errors import ConfigError, DataError, PluginError, UserError, one_line
 from ..plugins import Registry, install_hint
 from ..reward import RewardScorer
 from ..workers.forward import planned
@@ -86,7 +86,7 @@ def build_workers(plugins: dict[str, Any], config: Config):
     except (ValueError, RuntimeError) as exc:
         if isinstance(exc, UserError):
             raise
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        detail = one_line(exc)
         name = config.worker.name
         raise ConfigError(f"worker.name = {name!r} cannot build the model ({detail}); check the model's shape in "
                           f"{'model.path = ' + repr(config.model.path) if config.model.path else f'[worker.{name}]'}"
@@ -184,7 +184,7 @@ def prompt_tools(plugins: dict[str, Any], tokenizer=None) -> list | None:
         try:
             tokenizer.encode(tool_prompt(tools))
         except Exception as exc:
-            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            detail = one_line(exc, 200)
             raise ConfigError(f"environment {plugins['environment_source'].label!r}: the tool instructions it renders "
                               f"into every prompt cannot be encoded by the tokenizer of model.path ({detail}); the "
                               "data rows are not at fault: use a tokenizer that covers the instructions, or an "

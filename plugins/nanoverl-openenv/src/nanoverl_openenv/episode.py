@@ -23,6 +23,7 @@ from typing import Any
 
 from nanoverl_core.config import settings_or_defaults
 from nanoverl_core.env import EnvStep, Turn
+from nanoverl_core.errors import one_line
 from openenv.core.client_types import StepResult
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.serialization import serialize_observation
@@ -31,7 +32,7 @@ from starlette.applications import Starlette
 from websockets.protocol import State
 
 from .mapping import Mapping, mapping_for, step_types
-from .refs import load_ref, one_line
+from .refs import load_ref
 from .server import get_json, started_url
 from .settings import OpenEnvSettings
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
-import sys
 import zlib
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from nanoverl_core.errors import one_line
+from nanoverl_core.plugins import exec_file
 
 
 @cache
@@ -41,19 +42,8 @@ def _module(where: str):
     path = Path(where).resolve()
     if not path.is_file():
         raise ValueError(f"{where} does not exist")
-    name = f"nanoverl_openenv_{path.stem}_{zlib.crc32(str(path).encode()):08x}"   # registered: pydantic resolves
-                                                                                  # its models' names in it
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
+    name = f"nanoverl_openenv_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
+    try:                                        # registered: pydantic resolves its models' names in it
+        return exec_file(path, name, register=True)
     except Exception as exc:
-        del sys.modules[name]
         raise ValueError(f"{where} does not import ({one_line(exc)})") from None
-    return module
-
-
-def one_line(exc: BaseException) -> str:
-    """`Type: message` on one line, cut to 300 characters."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]

@@ -26,7 +26,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from .refs import load_ref, one_line
+from nanoverl_core.errors import one_line
+
+from .refs import load_ref
 
 
 def http_url(url: str) -> str:

@@ -31,9 +31,9 @@ import copy
 import math
 from typing import Any
 
-from nanoverl_core.errors import ConfigError
+from nanoverl_core.errors import ConfigError, one_line
 
-from .loading import environment, one_line
+from .loading import environment
 
 MODEL = "policy"
 """The `model` of every request; the endpoint serves the one model being trained whatever it is called."""

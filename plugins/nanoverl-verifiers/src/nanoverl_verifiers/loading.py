@@ -24,23 +24,20 @@ import json
 import logging
 import pkgutil
 import signal
-import sys
 import zlib
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from nanoverl_core.errors import one_line
+from nanoverl_core.plugins import exec_file
+
 
 def split_ref(env_id: str) -> tuple[str, str] | None:
     """("module" or "path.py", "function") of a "module:function" env_id; None for an environment id."""
     where, colon, name = env_id.rpartition(":")
     return (where, name) if colon and where and name else None
-
-
-def one_line(exc: BaseException) -> str:
-    """`Type: message` on one line, cut to 300 characters."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
 
 
 @cache
@@ -70,15 +67,10 @@ def _module(where: str, env_id: str):
         if not path.is_file():
             raise ValueError(f"{where} does not exist")
         name = f"nanoverl_verifiers_env_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module                       # pickling and dataclasses resolve names through it
-        try:
-            spec.loader.exec_module(module)
+        try:                                             # registered: pickling and dataclasses resolve names in it
+            return exec_file(path, name, register=True)
         except Exception as exc:
-            del sys.modules[name]
             raise ValueError(f"{where} does not import ({one_line(exc)})") from None
-        return module
     try:
         found = importlib.util.find_spec(where)
     except (ImportError, ValueError):
