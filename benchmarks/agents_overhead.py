@@ -17,9 +17,11 @@ The model (`10m` of benchmarks/common.py, its vocabulary widened with printable 
 almost never samples EOS, so both generate the same tokens: with the same seed the agents' rows are the
 episodes' rows token for token (reported: identical), since both render the same conversation and
 sample each turn as one batched engine call. Rounds alternate between the two (`--reps` each, after one
-warm-up each); reported are the median wall times of a batch and `ratio` = agents / episodes. The rest
-of a training step (rewards, the passes, the update) is the same work for both, so a step's ratio is at
-most this one.
+warm-up each); reported are the median wall times of a batch and `ratio` = agents / episodes. A step
+goes on from the rollout with the same work for both: `step_ratio` times each rollout followed by the rest
+of a PPO step on what it returned (the old-log-prob pass and one update of the actor over the rows, with
+advantages drawn from the seed and the learning rate 0, so both contenders keep sampling from the same
+weights), the step a training run takes with these episodes, less its reward calls.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def contenders(name: str, model: Path, tmp: Path, args):
     cfg = load_config(None, [f"data.train_files=[{data}]", f"model.path={model}", "worker.name=hf",
                              f"rollout.name={name}", "trainer.device=cpu", "data.batch_size=1",
                              f"rollout.max_new_tokens={total}", "environment.max_turns=3",
-                             f"environment.max_turn_tokens={args.turn_tokens}", "agent.workers=2"],
+                             f"environment.max_turn_tokens={args.turn_tokens}", "agent.workers=2",
+                             f"actor.micro_batch_size={args.rows}", "actor.lr=0"],
                       registry=load_registry())
     workers = make_workers(cfg)
     if name == "vllm":
@@ -105,14 +108,31 @@ def contenders(name: str, model: Path, tmp: Path, args):
     prompts = torch.tensor(ids)
     batch = RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)},
                     {"index": list(range(args.rows)), "row": [{"q": q, "tokens": args.turn_tokens} for q in questions]})
-    return engine, {"episodes": episodes, "agents": agents}, batch, SamplingParams(max_new_tokens=total, temperature=1.0)
+    return workers.actor, {"episodes": episodes, "agents": agents}, batch, SamplingParams(max_new_tokens=total,
+                                                                                        temperature=1.0)
+
+
+def rest_of_step(actor, batch, out) -> None:
+    """The old-log-prob pass and one update (lr 0) on the rollout's rows, as a step runs them."""
+    import torch
+
+    from nanoverl_core.algos import vanilla
+    from nanoverl_core.batch import derive_loss_mask
+
+    rows = batch.index(slice(None))
+    rows.update(out)
+    rows["loss_mask"] = derive_loss_mask(rows, False)
+    rows["advantages"] = torch.randn(rows["loss_mask"].shape) * rows["loss_mask"]
+    rows["old_log_probs"] = actor.compute_log_probs(rows)
+    actor.update(rows, vanilla)
 
 
 def measure(name: str, model: Path, tmp: Path, args) -> dict:
     import torch
 
-    engine, rollouts, batch, params = contenders(name, model, tmp, args)
+    actor, rollouts, batch, params = contenders(name, model, tmp, args)
     times: dict[str, list[float]] = {"episodes": [], "agents": []}
+    steps: dict[str, list[float]] = {"episodes": [], "agents": []}
     tokens, identical = {}, []
     try:
         for rep in range(args.reps + 1):                                   # round 0 warms both up
@@ -122,9 +142,12 @@ def measure(name: str, model: Path, tmp: Path, args) -> dict:
                 start = time.perf_counter()
                 outs[kind] = rollout.generate(batch, params)
                 elapsed = time.perf_counter() - start
+                rest_of_step(actor, batch, outs[kind])
+                step = time.perf_counter() - start
                 tokens[kind] = int(outs[kind]["model_mask"].sum())
                 if rep:
                     times[kind].append(elapsed)
+                    steps[kind].append(step)
             identical.append(bool(torch.equal(outs["episodes"]["responses"], outs["agents"]["responses"])
                                   and torch.equal(outs["episodes"]["model_mask"], outs["agents"]["model_mask"])))
     finally:
@@ -133,6 +156,8 @@ def measure(name: str, model: Path, tmp: Path, args) -> dict:
     return {"benchmark": "agents_overhead", "rollout": name, "rows": args.rows, "turn_tokens": args.turn_tokens,
             "model_tokens": tokens, "identical": all(identical), "episodes_s": round(base, 4),
             "agents_s": round(agents, 4), "ratio": round(agents / base, 3),
+            "episodes_step_s": round(median(steps["episodes"]), 4), "agents_step_s": round(median(steps["agents"]), 4),
+            "step_ratio": round(median(steps["agents"]) / median(steps["episodes"]), 3),
             "episodes_s_all": [round(t, 4) for t in times["episodes"]],
             "agents_s_all": [round(t, 4) for t in times["agents"]]}
 

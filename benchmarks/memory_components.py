@@ -11,7 +11,7 @@ steps report their own peaks (`perf/peak_rss_mib`, `perf/children_peak_rss_mib`)
 (MiB):
 
   libraries          RSS after importing torch, transformers and the plugins, before anything is built
-  workers            what building the workers added: the policy (and the reference, the critic) with their
+  workers            what building the workers added: the policy (and the reference, the teacher, the critic) with their
                      weights; `weights` splits it by model (bytes of each model's parameters and buffers)
   rollout            what building the rollout added: vLLM's engine in this process (its own copy of the
                      weights and its KV cache, `kv_cache` as the plugin sizes it), nothing much for `hf`
@@ -25,7 +25,7 @@ steps report their own peaks (`perf/peak_rss_mib`, `perf/children_peak_rss_mib`)
                      step: activations, logits, the rollout's transient tensors
   phases             the highest peak of this process during each phase of the steps: `rollout` (generation,
                      the vLLM engine's KV cache filling), `update` (the actor's forward and backward: activations,
-                     logits, gradients), `log_probs` (the actor's and the reference's no-grad passes, the critic's
+                     logits, gradients), `log_probs` (the actor's, the reference's and the teacher's no-grad passes, the critic's
                      value pass), `critic_update`, `weight_sync`; the step peak is the largest of them
   children_peak      the child processes' summed peak during the steps (reward and environment workers,
                      the code reward's sandboxes; started with the first step)
@@ -111,8 +111,8 @@ def main() -> int:
     trainer_module.PromptLoader = measured("data", trainer_module.PromptLoader)
     trainer = trainer_module.Trainer(config, registry)
     workers = trainer.workers
-    report["weights"] = {part: module_mib(getattr(workers, part)) for part in ("actor", "reference", "critic")
-                         if getattr(workers, part) is not None}
+    report["weights"] = {part: module_mib(getattr(workers, part)) for part in ("actor", "reference", "critic", "teacher")
+                         if getattr(workers, part, None) is not None}
     rollout = getattr(trainer.rollout, "engine", trainer.rollout)     # a multi-turn rollout's engine
     if getattr(rollout, "llm", None) is not None:           # the vllm rollout: its KV cache as the plugin sizes it
         from nanoverl_vllm.engine import engine_kwargs
@@ -138,8 +138,8 @@ def main() -> int:
     trainer.rollout.generate = phase("rollout", trainer.rollout.generate)
     trainer.rollout.sync_weights = phase("weight_sync", trainer.rollout.sync_weights)
     for part, methods in (("actor", ("update", "compute_log_probs")), ("reference", ("compute_log_probs",)),
-                          ("critic", ("update", "compute_values"))):
-        worker = getattr(workers, part)
+                          ("teacher", ("compute_log_probs",)), ("critic", ("update", "compute_values"))):
+        worker = getattr(workers, part, None)
         for method in methods if worker is not None else ():
             name = "update" if (part, method) == ("actor", "update") else \
                 "critic_update" if method == "update" else "log_probs"

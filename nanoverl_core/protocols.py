@@ -228,14 +228,20 @@ class Workers:
     """A frozen policy for KL terms (reference.enable), else None."""
     critic: Critic | None = None
     """The value model (critic.enable), else None."""
+    teacher: Actor | None = None
+    """A frozen teacher ([teacher], on-policy distillation), else None: only `compute_log_probs` and `load` are
+    called. For a teacher.path that names a model, the model it names (with the student's tokenizer); for a
+    checkpoint (`config.teacher.from_checkpoint`), the student's architecture, into which the trainer loads the
+    checkpoint's policy (`teacher.load(<checkpoint>/actor)`)."""
 
 
 # ---- what the hooks register ----------------------------------------------------------------------
 class MakeWorkers(Protocol):
     """`register_workers`: ``make_workers(config) -> Workers`` (selected by ``worker.name``).
 
-    Returns the tokenizer plus the actor, the reference (None unless ``reference.enable``) and the
-    critic (None unless ``critic.enable``), following `Actor` and `Critic`.
+    Returns the tokenizer plus the actor, the reference (None unless ``reference.enable``), the
+    critic (None unless ``critic.enable``) and the teacher (None unless ``teacher.enable``), following `Actor`
+    and `Critic`.
 
     Optional attributes:
       * ``check_config``: ``check_config(config) -> None`` raises ConfigError for what it can check

@@ -17,7 +17,7 @@ from torch import nn
 from ..algos import logprobs_from_logits
 from ..batch import RLBatch
 from ..config import Config, settings_or_defaults
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..rollout import SamplingParams, responses_to_batch
 from ..workers import NonFiniteError, TorchActor, TorchCritic, Workers, resolve_device
 from .debug_settings import ALPHABET, DebugModelSettings, DebugRolloutSettings
@@ -166,9 +166,21 @@ def make_workers(config: Config) -> Workers:
     policy = TinyCausalLM(vocab, m.hidden_size, m.num_layers).to(device)
     reference = copy.deepcopy(policy) if config.reference.enable else None
     critic = TinyCausalLM(vocab, m.hidden_size, m.num_layers, out_dim=1).to(device) if config.critic.enable else None
+    teacher = copy.deepcopy(policy) if config.teacher.enable else None   # the trainer loads the checkpoint into it
     return Workers(tokenizer=tokenizer, actor=TorchActor(policy, config, device=device),
                    reference=TorchActor(reference, config, trainable=False, device=device) if reference else None,
-                   critic=TorchCritic(critic, config, device=device) if critic else None)
+                   critic=TorchCritic(critic, config, device=device) if critic else None,
+                   teacher=TorchActor(teacher, config, trainable=False, device=device) if teacher else None)
+
+
+def check_config(config: Config) -> None:
+    """Before any write: a teacher is a checkpoint of a debug run (this worker loads no model files)."""
+    if config.teacher.enable and not config.teacher.from_checkpoint:
+        raise ConfigError(f"teacher.path = {config.teacher.path!r} names a model, which worker.name = \"debug\" cannot "
+                          "load; name a nanoverl checkpoint or run directory of a debug run, or use worker.name = \"hf\"")
+
+
+make_workers.check_config = check_config
 
 
 def make_rollout(config: Config, workers: Workers) -> DebugRollout:

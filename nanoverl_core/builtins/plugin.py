@@ -22,6 +22,8 @@ def register_advantage_estimators(register):
     register("gae", "nanoverl_core.algos.advantages:gae", description="generalised advantage estimation (needs a critic)")
     register("reinforce_plus_plus", "nanoverl_core.algos.advantages:reinforce_plus_plus",
              description="discounted returns, whitened over the batch")
+    register("distill", "nanoverl_core.algos.distill:distill", settings="nanoverl_core.algos.distill_settings:DistillSettings",
+             description="on-policy distillation: per-token log teacher - log student ([teacher], [algorithm.distill])")
 
 
 @hookimpl

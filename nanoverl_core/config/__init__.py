@@ -19,13 +19,13 @@ from .load import apply_override, config_from_dict, load_config
 from .schema import (CORRECTION_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, RS_KL_OPTIONS, ActorConfig, AlgorithmConfig,
                      Config, CriticConfig, DataConfig, DType, EnvironmentConfig, KLEstimator, LoraConfig, LossAggMode,
                      ModelConfig, OptimConfig, ReferenceConfig, RewardComponent, RewardConfig, RolloutConfig,
-                     RolloutCorrectionConfig, TrackingConfig, TrainerConfig, WorkerConfig)
+                     RolloutCorrectionConfig, TeacherConfig, TrackingConfig, TrainerConfig, WorkerConfig)
 from .structure import MOVED_KEYS, drop_moved_keys
 
 __all__ = ["COMPONENTS", "CORRECTION_LEVELS", "KL_ESTIMATORS", "LOSS_AGG_MODES", "MOVED_KEYS", "RS_KL_OPTIONS",
            "ActorConfig", "AlgorithmConfig", "Config", "CriticConfig", "DType", "DataConfig", "EnvironmentConfig",
            "KLEstimator", "LoraConfig", "LossAggMode", "ModelConfig", "OptimConfig", "ReferenceConfig", "RewardComponent",
-           "RewardConfig", "RolloutConfig", "RolloutCorrectionConfig", "TrackingConfig", "TrainerConfig",
+           "RewardConfig", "RolloutConfig", "RolloutCorrectionConfig", "TeacherConfig", "TrackingConfig", "TrainerConfig",
            "WorkerConfig", "Number", "OutOfDomain", "PathKind", "above", "at_least", "between", "finite", "folder", "python_file",
            "data_files", "model_source",
            "apply_override", "component_settings", "config_from_dict", "drop_moved_keys",

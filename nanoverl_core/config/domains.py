@@ -160,9 +160,14 @@ class PathKind:
         if self.kind == "data_file" and (not path.is_file() or path.suffix not in DATA_SUFFIXES):
             raise OutOfDomain(name, f"{value!r} is {what}, not a data file ({' / '.join(DATA_SUFFIXES)}"
                                     f"{'; name the files in it' if path.is_dir() else ''})")
-        if self.kind == "model" and (path.suffix != ".gguf" if path.is_file() else not (path / "config.json").is_file()):
+        if self.kind == "teacher" and path.is_dir() and ((path / "state.json").is_file()
+                                                         or (path / "checkpoints").is_dir()):
+            return                                      # a nanoverl checkpoint or run directory
+        if self.kind in ("model", "teacher") and (path.suffix != ".gguf" if path.is_file()
+                                                  else not (path / "config.json").is_file()):
             detail = "holds no config.json" if path.is_dir() else f"is {what}"
-            raise OutOfDomain(name, f"{value!r} {detail}: not a Hugging Face model folder or a .gguf file")
+            also = ", a nanoverl checkpoint or a run directory" if self.kind == "teacher" else ""
+            raise OutOfDomain(name, f"{value!r} {detail}: not a Hugging Face model folder or a .gguf file{also}")
 
 
 def unwritable(path: Path, want: str = "folder") -> str | None:
@@ -208,3 +213,5 @@ data_files = PathKind("data_file")
 """A list of data files (data.train_files, data.val_files)."""
 model_source = PathKind("model")
 """A model folder with config.json, or a .gguf file (model.path)."""
+teacher_source = PathKind("teacher")
+"""A model source, or a nanoverl checkpoint (state.json) or run directory (checkpoints/) (teacher.path)."""

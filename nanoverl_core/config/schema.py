@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 import attrs
 
 from .components import COMPONENTS, settings_by_name
-from .domains import above, at_least, between, data_files, finite, folder, model_source, python_file
+from .domains import above, at_least, between, data_files, finite, folder, model_source, python_file, teacher_source
 from .rules import check_config
 from .structure import converter
 
@@ -325,6 +325,30 @@ class ReferenceConfig:
     """Keep a frozen copy of the initial policy for KL (in the reward or as a loss)."""
 
 
+@attrs.define
+class TeacherConfig:
+    """A frozen teacher whose log-probs of the student's sampled tokens are a pass of each step (on-policy
+    distillation: algorithm.advantage_estimator = "distill"; docs/algorithms.md#on-policy-distillation)."""
+
+    path: str = attrs.field(default="", validator=teacher_source)
+    """"" (no teacher); a Hugging Face model folder or a .gguf file whose tokenizer is the student's (the hf and
+    fsdp workers load it; another tokenizer is refused: the two models score the same token ids); or a nanoverl
+    checkpoint (checkpoints/step_<N>) or run directory (its newest complete checkpoint): the policy it saved, on
+    the student's architecture (model.path), with any worker. Frozen; sharded like the reference under fsdp;
+    scored at rollout.temperature, as the student's log-probs are."""
+
+    @property
+    def enable(self) -> bool:
+        return bool(self.path)
+
+    @property
+    def from_checkpoint(self) -> bool:
+        """path names a nanoverl checkpoint or run directory (the worker builds the student's architecture and
+        the trainer loads the checkpoint's policy into it), not a model."""
+        path = Path(self.path).expanduser()
+        return self.enable and path.is_dir() and ((path / "state.json").is_file() or (path / "checkpoints").is_dir())
+
+
 Level = Literal["off", "token", "sequence", "geometric"]
 CORRECTION_LEVELS: tuple[str, ...] = get_args(Level)
 """The levels of is_level and rs_level (`algos.compute_rollout_correction` checks its arguments against
@@ -367,7 +391,8 @@ class RolloutCorrectionConfig:
 @attrs.define
 class AlgorithmConfig:
     advantage_estimator: str = "gae"
-    """A registered advantage estimator (`nanoverl-train plugins` lists them; the core has gae and reinforce_plus_plus)."""
+    """A registered advantage estimator (`nanoverl-train plugins` lists them; the core has gae,
+    reinforce_plus_plus and distill)."""
     gamma: float = attrs.field(default=1.0, validator=between(0, 1))
     """Discount factor."""
     lam: float = attrs.field(default=1.0, validator=between(0, 1))
@@ -570,6 +595,7 @@ class Config:
     actor: ActorConfig = attrs.Factory(ActorConfig)
     critic: CriticConfig = attrs.Factory(CriticConfig)
     reference: ReferenceConfig = attrs.Factory(ReferenceConfig)
+    teacher: TeacherConfig = attrs.Factory(TeacherConfig)
     algorithm: AlgorithmConfig = attrs.Factory(AlgorithmConfig)
     reward: RewardConfig = attrs.Factory(RewardConfig)
     environment: EnvironmentConfig = attrs.Factory(EnvironmentConfig)

@@ -29,6 +29,8 @@ class StagePlan:
     (`actor.on_policy_update`): no pass either way."""
     reference: bool
     """Step 6: the reference's log-probs (reference.enable)."""
+    teacher: bool
+    """Step 6: the teacher's log-probs of the sampled tokens ([teacher], for an estimator that reads them: distill)."""
     critic: bool
     """Step 6's values and step 8's critic update (critic.enable)."""
     rollout_correction: bool
@@ -48,6 +50,7 @@ class StagePlan:
                                   "pass": "a separate pass before the update",
                                   "pass_with_sum_pi_squared": "a separate pass, with sum pi^2"}[self.old_log_probs],
                 "ref_log_probs": "a pass" if self.reference else "off",
+                "teacher_log_probs": "a pass" if self.teacher else "off",
                 "values": "a pass, and a critic update" if self.critic else "off",
                 "rollout_correction": "weights and rejection before the update" if self.rollout_correction else "off",
                 "rollout_mismatch": "the engine's log-probs against pi_old, after the update" if self.mismatch
@@ -57,7 +60,7 @@ class StagePlan:
 
 
 def plan_step(config: Config, estimator: Any, *, reference: bool, critic: bool, rollout_log_probs: bool,
-              actor: Any = None, actor_update: bool = True) -> StagePlan:
+              actor: Any = None, actor_update: bool = True, teacher: bool = False) -> StagePlan:
     """The plan for `config` with the chosen estimator. `actor`: the built actor, whose optional methods
     decide two passes (None, as --dry-run has it: a `TorchActor`'s, which has both)."""
     on_policy = (config.actor.ppo_epochs == 1 and not reference
@@ -70,11 +73,12 @@ def plan_step(config: Config, estimator: Any, *, reference: bool, critic: bool, 
                           "actor has it (a TorchActor: workers debug, hf, fsdp) or another estimator")
     correction = rollout_log_probs and config.algorithm.rollout_correction.enabled
     returns_log_probs = actor is None or hasattr(actor, "on_policy_update")
+    advantages_read_old = bool(getattr(estimator, "requires_old_log_probs", False))  # distill: before the update
     from_update = (on_policy and actor_update and rollout_log_probs and returns_log_probs and not sum_pi_squared
-                   and not correction)
+                   and not correction and not advantages_read_old)
     old = ("pass_with_sum_pi_squared" if sum_pi_squared else "from_update" if from_update
-           else "pass" if not on_policy or rollout_log_probs else "none")
-    return StagePlan(on_policy=on_policy, old_log_probs=old, reference=reference, critic=critic,
+           else "pass" if not on_policy or rollout_log_probs or advantages_read_old else "none")
+    return StagePlan(on_policy=on_policy, old_log_probs=old, reference=reference, teacher=teacher, critic=critic,
                      rollout_correction=correction, mismatch=rollout_log_probs,
                      greedy_baseline=bool(getattr(estimator, "requires_greedy_baseline", False)),
                      actor_update=actor_update)

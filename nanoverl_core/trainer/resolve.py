@@ -27,14 +27,7 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     component_settings(config, registry)  # defaults for a config built in code; a loaded one keeps its own
     if config.model.lora.enable:
         _check_lora_worker(config, registry)
-    estimator = registry.get("advantage_estimator", config.algorithm.advantage_estimator,
-                             key="algorithm.advantage_estimator")
-    if getattr(estimator, "requires_critic", False) and not config.critic.enable:
-        raise ConfigError(f"algorithm.advantage_estimator = {config.algorithm.advantage_estimator!r} needs a critic; "
-                          "set critic.enable = true, or pick an estimator without one (e.g. grpo)")
-    check = getattr(estimator, "check_config", None)    # what else it needs of the config (a ConfigError if not)
-    if check is not None:
-        check(config)
+    estimator = resolve_estimator(config, registry)
     source = registry.get("data_source", config.data.source, key="data.source")
     check = getattr(source, "check_config", None)       # bad generator settings, before anything is written
     if check is not None:
@@ -60,6 +53,31 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
     return resolved
 
 
+def resolve_estimator(config: Config, registry: Registry) -> Any:
+    """algorithm.advantage_estimator, bound to what it builds on (distill: its task estimator), checked against
+    what it needs: a critic, a teacher, and its own check_config."""
+    name = config.algorithm.advantage_estimator
+    estimator = registry.get("advantage_estimator", name, key="algorithm.advantage_estimator")
+    bind = getattr(estimator, "bind", None)
+    if bind is not None:
+        estimator = bind(config, registry)
+    if getattr(estimator, "requires_critic", False) and not config.critic.enable:
+        raise ConfigError(f"algorithm.advantage_estimator = {name!r} needs a critic; "
+                          "set critic.enable = true, or pick an estimator without one (e.g. grpo)")
+    reads_teacher = bool(getattr(estimator, "requires_teacher", False))
+    if reads_teacher and not config.teacher.enable:
+        raise ConfigError(f"algorithm.advantage_estimator = {name!r} needs a teacher; set teacher.path to a model "
+                          "folder, a .gguf file or a nanoverl checkpoint (docs/algorithms.md#on-policy-distillation)")
+    if config.teacher.enable and not reads_teacher:
+        raise ConfigError(f"teacher.path is set but algorithm.advantage_estimator = {name!r} does not read a "
+                          "teacher; use \"distill\" (with [algorithm.distill] task_estimator for a task reward too) "
+                          "or remove [teacher]")
+    check = getattr(estimator, "check_config", None)    # what else it needs of the config (a ConfigError if not)
+    if check is not None:
+        check(config)
+    return estimator
+
+
 def check_before_start(config: Config, plugins: dict[str, Any]) -> None:
     """What a training run checks before it writes anything, and --dry-run checks too (a dry-run that passes
     means the run starts): the checkpoint trainer.resume names, and rollout correction with a rollout whose
@@ -67,6 +85,8 @@ def check_before_start(config: Config, plugins: dict[str, Any]) -> None:
     from .checkpoint import checkpoint_root, resume_target
 
     resume_target(config.trainer.resume, checkpoint_root(config.trainer.output_dir))
+    if config.teacher.enable:
+        teacher_checkpoint(config)
     if not rollout_log_probs(config):  # one that does is checked on the built rollout (its truncation warning once)
         check_rollout_log_probs(config, None)
 
@@ -92,7 +112,34 @@ def build_workers(plugins: dict[str, Any], config: Config):
                           f"{'model.path = ' + repr(config.model.path) if config.model.path else f'[worker.{name}]'}"
                           f" and the model / [worker.{name}] settings") from None
     check_actor_update(workers.actor, config.worker.name)
+    if config.teacher.enable:
+        load_teacher(config, workers)
     return workers
+
+
+def teacher_checkpoint(config: Config) -> Path | None:
+    """The checkpoint teacher.path names (a checkpoint, or a run directory's newest), or None for a model; a
+    path that is not there is one ConfigError."""
+    from .checkpoint import find_checkpoint
+
+    if not Path(config.teacher.path).expanduser().exists():
+        raise ConfigError(f"teacher.path = {config.teacher.path!r} does not exist; name a model folder, a .gguf file, "
+                          "a nanoverl checkpoint (checkpoints/step_<N>) or a run directory")
+    return find_checkpoint(Path(config.teacher.path).expanduser(), "teacher.path") if config.teacher.from_checkpoint \
+        else None
+
+
+def load_teacher(config: Config, workers) -> None:
+    """The worker built the teacher (a model, or the student's architecture for a checkpoint, loaded here)."""
+    from .checkpoint import reading_checkpoint
+
+    if workers.teacher is None:
+        raise ConfigError(f"teacher.path is set but worker.name = {config.worker.name!r} built no teacher "
+                          "(Workers.teacher); use a worker that builds one (debug, hf, fsdp)")
+    checkpoint = teacher_checkpoint(config)
+    if checkpoint is not None:
+        with reading_checkpoint(checkpoint):
+            workers.teacher.load(checkpoint / "actor")
 
 
 def build_rollout(plugins: dict[str, Any], config: Config, workers):
@@ -228,7 +275,7 @@ def describe(config: Config, registry: Registry) -> dict[str, Any]:
            "versions": registry.versions()}
     if config.trainer.total_epochs:
         out["schedule"] = schedule
-    facts = dict(reference=config.reference.enable, critic=config.critic.enable,
+    facts = dict(reference=config.reference.enable, critic=config.critic.enable, teacher=config.teacher.enable,
                  rollout_log_probs=rollout_log_probs(config))
     out["step_plan"] = plan_step(config, plugins["estimator"], **facts).describe()
     if plugins["agent_source"] is not None:

@@ -111,6 +111,7 @@ class Trainer:
         self.kl_ctrl = make_kl_controller(cfg.algorithm)
         # which optional passes a step runs (plan.py): the plan of an updating step, and of a critic warmup step
         built = dict(reference=self.workers.reference is not None, critic=self.workers.critic is not None,
+                     teacher=self.workers.teacher is not None,
                      rollout_log_probs=bool(getattr(self.rollout, "returns_log_probs", False)), actor=self.workers.actor)
         self.plan = plan_step(cfg, self.estimator, **built)
         self.warmup_plan = plan_step(cfg, self.estimator, **built, actor_update=False)
@@ -174,6 +175,9 @@ class Trainer:
             if plan.reference:
                 with timed(timing, "ref_log_probs"):
                     batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)  # 6.
+            if plan.teacher:
+                with timed(timing, "teacher_log_probs"):
+                    batch["teacher_log_probs"] = workers.teacher.compute_log_probs(batch)  # 6. distillation
             if plan.critic:
                 with timed(timing, "values"):
                     batch["values"] = workers.critic.compute_values(batch)
@@ -317,6 +321,9 @@ class Trainer:
         if "ref_log_probs" in batch:
             kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], "k1")
             metrics["actor/ref_kl"] = float(masked_mean(kl, batch["loss_mask"]))
+        if "teacher_log_probs" in batch:                  # KL(pi || teacher) per token, the distillation signal
+            kl = kl_penalty(batch["old_log_probs"], batch["teacher_log_probs"], "k1")
+            metrics["teacher/reverse_kl"] = float(masked_mean(kl, batch["loss_mask"]))
         with_rewards = RLBatch({**batch.tensors, "token_level_rewards": rewards}, batch.non_tensors)
         advantages, returns = self.estimator(with_rewards, alg)
         metrics["advantages/mean"] = float(masked_mean(advantages, batch["loss_mask"]))

@@ -359,3 +359,24 @@ def test_remax_refuses_multi_turn_episodes():
     config.environment.name = "guess_digit"
     with pytest.raises(ConfigError, match="'remax' needs a greedy single-turn baseline.*unset environment.name"):
         estimators.remax.check_config(config)
+
+
+def test_distill_with_grpo_adds_the_group_advantages_times_task_weight_to_the_teacher_term():
+    """[algorithm.distill] task_estimator = "grpo": per token coef (log teacher - log student) + task_weight times
+    GRPO's row advantage (its default settings), on the shared batch: the group of one (q3) and the all-equal
+    group (q5, GRPO 0) included; padding stays 0."""
+    from nanoverl_core.algos.distill import Distill
+    from nanoverl_core.algos.distill_settings import DistillSettings
+
+    old = -torch.arange(24, dtype=torch.float32).reshape(8, 3) / 10            # log student: 0, -0.1, ..., -2.3
+    teacher = old + torch.tensor([0.5, -0.25, 1.0])                             # per position +0.5, -0.25, +1
+    config = AlgorithmConfig()
+    config.settings = DistillSettings(coef=2.0, task_estimator="grpo", task_weight=0.5)
+    b = batch()
+    b["old_log_probs"], b["teacher_log_probs"] = old, teacher
+    adv, ret = Distill(estimators.grpo)(b, config)
+    grpo_rows = torch.tensor([0.707106, 1.154699, 0.4999995, -0.577349, -0.707106, 0.0, -0.577349, 0.0])
+    expected = (2.0 * torch.tensor([0.5, -0.25, 1.0]) + 0.5 * grpo_rows[:, None]) * MASK
+    torch.testing.assert_close(adv, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ret, grpo_rows[:, None] * MASK, rtol=0, atol=1e-6)   # GRPO's returns
+    assert adv[5].tolist() == [1.0, 0.0, 0.0]                                   # q5: the teacher term alone

@@ -64,7 +64,7 @@ def make_workers(config: Config) -> Workers:
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())   # cuda:LOCAL_RANK under torchrun
     # Every rank builds the same full model (same files, same seed), then keeps only its shards.
-    tokenizer, policy, reference, critic = build_modules(config, source)
+    tokenizer, policy, reference, critic, teacher = build_modules(config, source)
     log.info("fsdp: %d ranks, device %s, %s", parallel.world_size(), device, config.worker.settings)
     lora = None
     if config.model.lora.enable:                    # the peft models of nanoverl_hf.lora, sharded like any module
@@ -77,7 +77,10 @@ def make_workers(config: Config) -> Workers:
     elif reference is not None:
         reference = TorchActor(shard(reference, config, device), config, trainable=False, device=device,
                                parallel=FSDPParallel())
-    return Workers(tokenizer=tokenizer, actor=actor, reference=reference,
+    if teacher is not None:                         # frozen, sharded like the reference
+        teacher = TorchActor(shard(teacher, config, device), config, trainable=False, device=device,
+                             parallel=FSDPParallel())
+    return Workers(tokenizer=tokenizer, actor=actor, reference=reference, teacher=teacher,
                    critic=TorchCritic(shard(critic, config, device), config, device=device, parallel=FSDPParallel(),
                                       weights=lora) if critic is not None else None)
 

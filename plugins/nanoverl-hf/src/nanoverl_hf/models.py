@@ -69,8 +69,54 @@ def resolve_source(cfg: ModelConfig) -> ModelSource:
 
 def check_model_source(config: Config) -> None:
     """`make_workers.check_config` of the workers built from these models (hf, fsdp): `model.path` (and the
-    gguf package for a .gguf file) checked before the run directory is written or a model loads."""
-    resolve_source(config.model)
+    gguf package for a .gguf file) checked before the run directory is written or a model loads; a teacher
+    model's tokenizer against the student's."""
+    source = resolve_source(config.model)
+    if config.teacher.enable and not config.teacher.from_checkpoint:
+        check_teacher_tokenizer(config, source)
+
+
+def teacher_config(config: Config) -> tuple[Config, ModelSource]:
+    """The config whose [model] is the teacher model teacher.path names, and where that model comes from."""
+    model = attrs.evolve(config.model, path=config.teacher.path, tokenizer_path="")
+    try:
+        source = resolve_source(model)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("model.path", "teacher.path")) from None
+    if not source.has_weights:
+        raise ConfigError(f"teacher.path = {config.teacher.path!r} holds a config but no weights; a teacher is a "
+                          "trained model: name a folder with its weights, a .gguf file or a nanoverl checkpoint")
+    return attrs.evolve(config, model=model), source
+
+
+def check_teacher_tokenizer(config: Config, student: ModelSource) -> None:
+    """The teacher scores the student's token ids, so both must read text into the same ids."""
+    teacher_cfg, source = teacher_config(config)
+    try:
+        theirs = load_tokenizer(teacher_cfg.model, source)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("model.path", "teacher.path")) from None
+    ours = load_tokenizer(config.model, student)
+    differ = {k for k, v in theirs.get_vocab().items() if ours.get_vocab().get(k) != v}
+    if differ or len(theirs) != len(ours) or theirs.eos_token_id != ours.eos_token_id:
+        detail = (f"{len(differ)} tokens map to other ids, e.g. {sorted(differ)[:3]}" if differ
+                  else f"{len(theirs)} tokens against the student's {len(ours)}" if len(theirs) != len(ours)
+                  else f"EOS id {theirs.eos_token_id} against the student's {ours.eos_token_id}")
+        raise ConfigError(f"teacher.path = {config.teacher.path!r} has another tokenizer than the student's ({detail}); "
+                          "distillation compares the two models' log-probs of the same token ids: use a teacher "
+                          "with the student's tokenizer")
+
+
+def build_teacher(config: Config, policy):
+    """The frozen teacher, on the CPU: the model teacher.path names, or for a checkpoint a copy of the student's
+    architecture (the trainer loads the checkpoint's policy into it); None without [teacher]."""
+    if not config.teacher.enable:
+        return None
+    if config.teacher.from_checkpoint:
+        teacher = copy.deepcopy(policy)
+    else:
+        teacher = load_policy(*teacher_config(config))
+    return teacher.eval().requires_grad_(False)
 
 
 def load_tokenizer(cfg: ModelConfig, source: ModelSource):
@@ -185,7 +231,8 @@ def neutral_generation_config(model, tokenizer, eos_token_ids: list[int]):
 
 
 def build_modules(config: Config, source: ModelSource):
-    """Tokenizer, policy, reference (a frozen copy, or None) and value model (or None), on the CPU.
+    """Tokenizer, policy, reference (a frozen copy, or None), value model (or None) and teacher (or None), on
+    the CPU.
 
     The reference is copied before any update, so it starts from the policy's weights; the hf and
     fsdp workers both build their modules here and differ only in where they put them. With
@@ -203,6 +250,7 @@ def build_modules(config: Config, source: ModelSource):
         log.warning("the tokenizer has %d tokens but the model's vocab_size is %d", len(tokenizer),
                     policy.config.vocab_size)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if config.reference.enable and not lora else None
+    teacher = build_teacher(config, policy)                  # before LoRA: a checkpoint teacher is a plain model
     critic = build_value_model(policy, config) if config.critic.enable else None
     if config.model.gradient_checkpointing:
         for module in (policy, critic):
@@ -212,4 +260,4 @@ def build_modules(config: Config, source: ModelSource):
         from .lora import apply_lora
         policy = apply_lora(policy, config)
         critic = apply_lora(critic, config, value_model=True) if critic is not None else None
-    return tokenizer, policy, reference, critic
+    return tokenizer, policy, reference, critic, teacher

@@ -20,13 +20,14 @@ from .models import build_modules, check_model_source, resolve_source
 def make_workers(config: Config) -> Workers:
     source = resolve_source(config.model)          # a missing path fails here, before anything loads
     device = resolve_device(config.trainer.device)
-    tokenizer, policy, reference, critic = build_modules(config, source)
+    tokenizer, policy, reference, critic, teacher = build_modules(config, source)
     if config.model.lora.enable:
         from .lora import LoraWeights
         lora = LoraWeights()
         actor = TorchActor(policy.to(device), config, device=device, weights=lora)
         return Workers(tokenizer=tokenizer, actor=actor,
                        reference=lora.reference(actor) if config.reference.enable else None,
+                       teacher=TorchActor(teacher.to(device), config, trainable=False, device=device) if teacher else None,
                        critic=TorchCritic(critic.to(device), config, device=device, weights=lora)
                        if critic is not None else None)
     return Workers(
@@ -34,6 +35,7 @@ def make_workers(config: Config) -> Workers:
         actor=TorchActor(policy.to(device), config, device=device),
         reference=TorchActor(reference.to(device), config, trainable=False, device=device) if reference else None,
         critic=TorchCritic(critic.to(device), config, device=device) if critic is not None else None,
+        teacher=TorchActor(teacher.to(device), config, trainable=False, device=device) if teacher else None,
     )
 
 

@@ -1,0 +1,140 @@
+"""A teacher for on-policy distillation with the hf worker: a model folder (its log-probs are the ones transformers
+gives for that model), a checkpoint of a run, a teacher equal to the student (no signal), a teacher with another
+tokenizer (one error line, nothing written), and a distillation run killed mid-step that resumes identically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanoverl_core import RLBatch, load_config, load_registry
+from nanoverl_hf.tiny import build_tiny_model
+from nanoverl_hf.workers import make_workers
+
+REPO = Path(__file__).resolve().parents[3]
+TRAIN = shutil.which("nanoverl-train") or str(Path(sys.executable).parent / "nanoverl-train")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+COPY_TASK = ["--config", "examples/configs/tiny_grpo.toml", "tracking.trackers=[jsonl]", "trainer.val_every=0",
+             "algorithm.advantage_estimator=distill", "data.batch_size=4", "rollout.n=4"]
+
+
+def train(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([TRAIN, *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    """A tiny model with weights (seed 7), the copy task's tokenizer: a teacher unlike the seed-0 student."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("teacher") / "model"
+    shutil.copytree(REPO / "examples" / "tiny_task" / "model", folder)
+    torch.manual_seed(7)
+    AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder)   # no weights in the folder: drawn now
+    return folder
+
+
+def test_a_model_teacher_scores_the_sampled_tokens_as_transformers_does(teacher_dir):
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(REPO / "examples" / "configs" / "tiny_grpo.toml",
+                         [f"teacher.path={teacher_dir}", "algorithm.advantage_estimator=distill",
+                          "trainer.device=cpu"], registry=load_registry())
+    workers = make_workers(config)
+    assert workers.teacher is not None and not any(p.requires_grad for p in workers.teacher.module.parameters())
+    tok = workers.tokenizer
+    prompts = torch.tensor([tok.encode("0123="), tok.encode("4567=")])
+    responses = torch.tensor([tok.encode("0123") + [tok.eos_token_id], tok.encode("45") + [tok.eos_token_id] * 3])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    batch = RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
+                     "response_mask": mask, "loss_mask": mask.float()})
+    got = workers.teacher.compute_log_probs(batch)
+    model = AutoModelForCausalLM.from_pretrained(teacher_dir).eval()
+    with torch.no_grad():
+        logits = model(torch.cat([prompts, responses], 1)).logits[:, prompts.shape[1] - 1:-1].float()
+    want = torch.log_softmax(logits, -1).gather(-1, responses[..., None])[..., 0] * mask
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert not torch.allclose(got, workers.actor.compute_log_probs(batch))       # not the student's
+
+
+def test_a_teacher_equal_to_the_student_gives_zero_kl(teacher_dir, tmp_path):
+    run = train(*COPY_TASK, f"model.path={teacher_dir}", f"teacher.path={teacher_dir}", "trainer.total_steps=2",
+                f"trainer.output_dir={tmp_path / 'run'}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    first = rows(tmp_path / "run")[0]
+    assert first["teacher/reverse_kl"] == 0.0 and first["advantages/mean"] == 0.0
+
+
+def test_a_checkpoint_teacher_is_the_policy_it_saved(teacher_dir, tmp_path):
+    """Teacher = the seed-0 run's checkpoint after 0 learning (lr 0): the seed-0 student itself."""
+    made = train("--config", "examples/configs/tiny_grpo.toml", "tracking.trackers=[jsonl]", "trainer.val_every=0",
+                 "trainer.total_steps=1", "actor.lr=0", f"trainer.output_dir={tmp_path / 'teacher'}")
+    assert made.returncode == 0, made.stderr[-3000:]
+    run = train(*COPY_TASK, f"teacher.path={tmp_path / 'teacher'}", "trainer.total_steps=1",
+                f"trainer.output_dir={tmp_path / 'run'}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert rows(tmp_path / "run")[0]["teacher/reverse_kl"] == 0.0
+
+
+def test_a_teacher_with_another_tokenizer_is_one_error_line_and_nothing_is_written(tmp_path):
+    other = build_tiny_model(tmp_path / "other", alphabet="0123456789=+")
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(other).save_pretrained(other)
+    run = train(*COPY_TASK, f"teacher.path={other}", "trainer.total_steps=1", f"trainer.output_dir={tmp_path / 'run'}")
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and lines[-1].startswith("error: teacher.path"), run.stderr[-3000:]
+    assert "another tokenizer than the student's" in lines[-1] and "Traceback" not in run.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+KILL_AFTER_TEACHER = '''
+"""nanoverl-train that SIGKILLs itself at step 3, after the teacher's pass, before the update."""
+import os, signal, sys
+from nanoverl_core.cli import main
+from nanoverl_core.trainer.trainer import Trainer
+
+compute_advantages = Trainer.compute_advantages
+
+
+def killing(self, batch):
+    if self.step == 3:
+        assert "teacher_log_probs" in batch
+        os.kill(os.getpid(), signal.SIGKILL)
+    return compute_advantages(self, batch)
+
+
+Trainer.compute_advantages = killing
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_a_distillation_run_killed_mid_step_resumes_identically(teacher_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from nanoverl_core.testing import without_machine_metrics
+
+    common = [*COPY_TASK, f"teacher.path={teacher_dir}", "trainer.total_steps=4", "trainer.save_every=2"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert train(*common, f"trainer.output_dir={whole}").returncode == 0
+    driver = tmp_path / "driver.py"
+    driver.write_text(KILL_AFTER_TEACHER)
+    proc = subprocess.run([sys.executable, str(driver), *common, f"trainer.output_dir={killed}"], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    resumed = train(*common, f"trainer.output_dir={killed}")
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-3000:]
+    assert [without_machine_metrics(r) for r in rows(killed)] == [without_machine_metrics(r) for r in rows(whole)]
+    a, b = (load_file(str(d / "checkpoints" / "step_000004" / "actor" / "model.safetensors")) for d in (whole, killed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
