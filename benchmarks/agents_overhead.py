@@ -86,7 +86,7 @@ def contenders(name: str, model: Path, tmp: Path, args):
     agent.write_text(textwrap.dedent(AGENT))
     total = 3 * args.turn_tokens + 2 * 32                                  # 3 turns and two answers, with room
     cfg = load_config(None, [f"data.train_files=[{data}]", f"model.path={model}", "worker.name=hf",
-                             f"rollout.name={name}", "trainer.device=cpu", "data.batch_size=1",
+                             f"rollout.name={name}", "trainer.device=cpu", f"data.batch_size={args.rows}",
                              f"rollout.max_new_tokens={total}", "environment.max_turns=3",
                              f"environment.max_turn_tokens={args.turn_tokens}", "agent.workers=2",
                              f"actor.micro_batch_size={args.rows}", "actor.lr=0"],

@@ -36,6 +36,7 @@ Tensor keys used by the trainer (B = rows, P = prompt length, R = response lengt
     old_log_probs      (B, R) float   log pi_old(response token) under the policy before the update
     sum_pi_squared     (B, R) float   sum over the vocabulary of pi_old^2 (an estimator that asks for it)
     ref_log_probs      (B, R) float   the same under the reference policy
+    teacher_log_probs  (B, R) float   the same under the [teacher] (on-policy distillation's pass)
     values             (B, R) float   critic values
     rollout_is_weights (B, R) float   rollout correction's importance weights (stage 6b), multiplied into
                                       the policy loss

@@ -110,7 +110,7 @@ def test_the_student_moves_toward_a_trained_teacher(tmp_path):
     (["teacher.path={run}"], "does not read a teacher; use \"distill\""),
     (["algorithm.advantage_estimator=distill", "teacher.path={missing}"], "teacher.path = '{missing}' does not exist"),
     (["algorithm.advantage_estimator=distill", "teacher.path={empty_run}"], "neither a checkpoint folder"),
-    (["algorithm.advantage_estimator=distill", "teacher.path={model}"], "names a model, which worker.name = \"debug\""),
+    (["algorithm.advantage_estimator=distill", "teacher.path={model}"], "names a model or an adapter, which worker.name = \"debug\""),
     (["algorithm.advantage_estimator=distill", "teacher.path={run}", "algorithm.distill.task_estimator=grpoo"],
      "algorithm.distill.task_estimator"),
     (["algorithm.advantage_estimator=distill", "teacher.path={data}"], "teacher.path"),

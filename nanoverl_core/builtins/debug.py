@@ -176,8 +176,9 @@ def make_workers(config: Config) -> Workers:
 def check_config(config: Config) -> None:
     """Before any write: a teacher is a checkpoint of a debug run (this worker loads no model files)."""
     if config.teacher.enable and not config.teacher.from_checkpoint:
-        raise ConfigError(f"teacher.path = {config.teacher.path!r} names a model, which worker.name = \"debug\" cannot "
-                          "load; name a nanoverl checkpoint or run directory of a debug run, or use worker.name = \"hf\"")
+        raise ConfigError(f"teacher.path = {config.teacher.path!r} names a model or an adapter, which worker.name = "
+                          "\"debug\" cannot load; name a nanoverl checkpoint or run directory of a debug run, or use "
+                          "worker.name = \"hf\"")
 
 
 make_workers.check_config = check_config

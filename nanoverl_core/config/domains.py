@@ -160,13 +160,12 @@ class PathKind:
         if self.kind == "data_file" and (not path.is_file() or path.suffix not in DATA_SUFFIXES):
             raise OutOfDomain(name, f"{value!r} is {what}, not a data file ({' / '.join(DATA_SUFFIXES)}"
                                     f"{'; name the files in it' if path.is_dir() else ''})")
-        if self.kind == "teacher" and path.is_dir() and ((path / "state.json").is_file()
-                                                         or (path / "checkpoints").is_dir()):
-            return                                      # a nanoverl checkpoint or run directory
+        if self.kind == "teacher" and path.is_dir() and any((path / name).exists() for name in TEACHER_MARKS):
+            return                                      # a nanoverl checkpoint or run directory, a LoRA adapter
         if self.kind in ("model", "teacher") and (path.suffix != ".gguf" if path.is_file()
                                                   else not (path / "config.json").is_file()):
             detail = "holds no config.json" if path.is_dir() else f"is {what}"
-            also = ", a nanoverl checkpoint or a run directory" if self.kind == "teacher" else ""
+            also = ", a nanoverl checkpoint, a run directory or a LoRA adapter" if self.kind == "teacher" else ""
             raise OutOfDomain(name, f"{value!r} {detail}: not a Hugging Face model folder or a .gguf file{also}")
 
 
@@ -214,4 +213,7 @@ data_files = PathKind("data_file")
 model_source = PathKind("model")
 """A model folder with config.json, or a .gguf file (model.path)."""
 teacher_source = PathKind("teacher")
-"""A model source, or a nanoverl checkpoint (state.json) or run directory (checkpoints/) (teacher.path)."""
+"""A model source, a nanoverl checkpoint (state.json) or run directory (checkpoints/), or a peft LoRA adapter
+folder (adapter_config.json) (teacher.path)."""
+TEACHER_MARKS = ("state.json", "checkpoints", "adapter_config.json")
+"""What marks a teacher.path folder that is not a model folder."""

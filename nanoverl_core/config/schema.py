@@ -332,14 +332,20 @@ class TeacherConfig:
 
     path: str = attrs.field(default="", validator=teacher_source)
     """"" (no teacher); a Hugging Face model folder or a .gguf file whose tokenizer is the student's (the hf and
-    fsdp workers load it; another tokenizer is refused: the two models score the same token ids); or a nanoverl
-    checkpoint (checkpoints/step_<N>) or run directory (its newest complete checkpoint): the policy it saved, on
-    the student's architecture (model.path), with any worker. Frozen; sharded like the reference under fsdp;
-    scored at rollout.temperature, as the student's log-probs are."""
+    fsdp workers load it; another tokenizer is refused: the two models score the same token ids); a peft LoRA
+    adapter folder (adapter_config.json) trained on the student's model.path (hf, fsdp: merged into a copy of
+    it); or a nanoverl checkpoint (checkpoints/step_<N>) or run directory (its newest complete checkpoint): the
+    policy it saved, on the student's architecture (model.path), with any worker. Frozen; sharded like the
+    reference under fsdp; scored at rollout.temperature, as the student's log-probs are."""
 
     @property
     def enable(self) -> bool:
         return bool(self.path)
+
+    @property
+    def adapter(self) -> bool:
+        """path names a peft LoRA adapter folder (the worker merges it into a copy of the student's model)."""
+        return self.enable and (Path(self.path).expanduser() / "adapter_config.json").is_file()
 
     @property
     def from_checkpoint(self) -> bool:

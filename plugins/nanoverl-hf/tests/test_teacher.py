@@ -37,17 +37,17 @@ def rows(run_dir: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory):
     """A tiny model with weights (seed 7), the copy task's tokenizer: a teacher unlike the seed-0 student."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = tmp_path_factory.mktemp("teacher") / "model"
     shutil.copytree(REPO / "examples" / "tiny_task" / "model", folder)
     torch.manual_seed(7)
-    AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder)   # no weights in the folder: drawn now
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)  # drawn now
     return folder
 
 
 def test_a_model_teacher_scores_the_sampled_tokens_as_transformers_does(teacher_dir):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = load_config(REPO / "examples" / "configs" / "tiny_grpo.toml",
                          [f"teacher.path={teacher_dir}", "algorithm.advantage_estimator=distill",
@@ -90,8 +90,9 @@ def test_a_checkpoint_teacher_is_the_policy_it_saved(teacher_dir, tmp_path):
 
 def test_a_teacher_with_another_tokenizer_is_one_error_line_and_nothing_is_written(tmp_path):
     other = build_tiny_model(tmp_path / "other", alphabet="0123456789=+")
-    from transformers import AutoModelForCausalLM
-    AutoModelForCausalLM.from_pretrained(other).save_pretrained(other)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(other)).save_pretrained(other)
     run = train(*COPY_TASK, f"teacher.path={other}", "trainer.total_steps=1", f"trainer.output_dir={tmp_path / 'run'}")
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and lines[-1].startswith("error: teacher.path"), run.stderr[-3000:]
@@ -138,3 +139,34 @@ def test_a_distillation_run_killed_mid_step_resumes_identically(teacher_dir, tmp
     assert [without_machine_metrics(r) for r in rows(killed)] == [without_machine_metrics(r) for r in rows(whole)]
     a, b = (load_file(str(d / "checkpoints" / "step_000004" / "actor" / "model.safetensors")) for d in (whole, killed))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_lora_adapter_teacher_is_merged_into_the_students_model(tmp_path):
+    """teacher.path = a peft adapter folder trained on the student's model: the teacher is that model with the
+    adapter merged (its log-probs are peft's merged model's), the student's own weights untouched."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    student = tmp_path / "student"
+    shutil.copytree(REPO / "examples" / "tiny_task" / "model", student)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(student)).save_pretrained(student)
+    lora = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(student),
+                               peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    config = load_config(REPO / "examples" / "configs" / "tiny_grpo.toml",
+                         [f"model.path={student}", f"teacher.path={tmp_path / 'adapter'}",
+                          "algorithm.advantage_estimator=distill", "trainer.device=cpu"], registry=load_registry())
+    assert config.teacher.adapter and not config.teacher.from_checkpoint
+    workers = make_workers(config)
+    tok = workers.tokenizer
+    prompts = torch.tensor([tok.encode("0123=")])
+    responses = torch.tensor([tok.encode("0123") + [tok.eos_token_id]])
+    batch = RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
+                     "response_mask": torch.ones_like(responses), "loss_mask": torch.ones(responses.shape)})
+    merged = lora.merge_and_unload().eval()
+    with torch.no_grad():
+        logits = merged(torch.cat([prompts, responses], 1)).logits[:, prompts.shape[1] - 1:-1].float()
+    want = torch.log_softmax(logits, -1).gather(-1, responses[..., None])[..., 0]
+    torch.testing.assert_close(workers.teacher.compute_log_probs(batch), want, rtol=0, atol=1e-5)
+    assert not torch.allclose(workers.actor.compute_log_probs(batch), want, atol=1e-3)   # the student is the base

@@ -72,7 +72,10 @@ def check_model_source(config: Config) -> None:
     gguf package for a .gguf file) checked before the run directory is written or a model loads; a teacher
     model's tokenizer against the student's."""
     source = resolve_source(config.model)
-    if config.teacher.enable and not config.teacher.from_checkpoint:
+    if config.teacher.adapter:
+        from .lora import require_peft
+        require_peft()
+    elif config.teacher.enable and not config.teacher.from_checkpoint:
         check_teacher_tokenizer(config, source)
 
 
@@ -108,12 +111,16 @@ def check_teacher_tokenizer(config: Config, student: ModelSource) -> None:
 
 
 def build_teacher(config: Config, policy):
-    """The frozen teacher, on the CPU: the model teacher.path names, or for a checkpoint a copy of the student's
-    architecture (the trainer loads the checkpoint's policy into it); None without [teacher]."""
+    """The frozen teacher, on the CPU: the model teacher.path names, a LoRA adapter merged into a copy of the
+    student's model, or for a checkpoint a copy of the student's architecture (the trainer loads the checkpoint's
+    policy into it); None without [teacher]."""
     if not config.teacher.enable:
         return None
     if config.teacher.from_checkpoint:
         teacher = copy.deepcopy(policy)
+    elif config.teacher.adapter:                        # a LoRA adapter of the student's model: merged into a copy
+        from peft import PeftModel
+        teacher = PeftModel.from_pretrained(copy.deepcopy(policy), config.teacher.path).merge_and_unload()
     else:
         teacher = load_policy(*teacher_config(config))
     return teacher.eval().requires_grad_(False)
