@@ -4,7 +4,7 @@
     python benchmarks/reward_pool.py --smoke              # 16 rows, 5 ms, one step (the CI check)
 
 Each line of output is one JSON object: one per (reward, workers) with the median seconds per step
-(one `RewardScorer.score` call over every row, the pool already started) and the pool's start-up time,
+(one `RewardScorer.score_batch` call over every row, the pool already started) and the pool's start-up time,
 then a summary with each pool's speed-up over in-process scoring and its overhead per step for the
 cheap reward. The rewards are `reward.file` functions: one sleeps (an I/O-bound or sandboxed reward,
 which parallelises on any machine), one busy-waits 10 us (the cost of the pool's messaging shows).

@@ -35,7 +35,7 @@ from .errors import ConfigError, DataError, PluginError, RewardError, RolloutErr
 from .hookspecs import hookimpl
 from .plugins import Registry, load_registry
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _LAZY = {"RLBatch": "batch", "SamplingParams": "rollout", "responses_to_batch": "rollout",
          "TorchActor": "workers", "TorchCritic": "workers", "Workers": "protocols"}

@@ -55,6 +55,12 @@ class CheckpointMismatch(ValueError):
     `load`, reported by the trainer as a CheckpointError naming the checkpoint)."""
 
 
+def removed(old: str, instead: str, version: str = "0.4.0") -> PluginError:
+    """The one-line error for a plugin-API name that was deprecated and is gone since `version`: what to
+    write instead (CHANGELOG.md, "Removed"). nanoverl-train prints it as one `error:` line, exit 2."""
+    return PluginError(f"{old} was removed in nanoverl {version}: {instead} (CHANGELOG.md)")
+
+
 class NanoverlDeprecation(FutureWarning):
     """A plugin uses a name that was renamed (CHANGELOG.md): it keeps working until the next minor version.
     nanoverl-train prints it as one `warning:` line."""

@@ -65,8 +65,7 @@ class Actor(Protocol):
     def compute_log_probs(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) log pi(response token) at the rollout temperature, 0 on padding, on the CPU, no grad."""
 
-    def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False,
-               keep_log_probs: bool = False) -> dict[str, float]:
+    def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False) -> dict[str, float]:
         """PPO epochs over the batch; returns the step's metrics (``actor/<name>`` -> float), equal however
         the work is split into micro-batches or ranks (nanoverl_core.algos.losses says how).
 
@@ -78,9 +77,9 @@ class Actor(Protocol):
         gradient of one whole-mini-batch pass. Do not divide again by the number of micro-batches or ranks
         (under data parallelism, sum the gradients across ranks: the normalisers are already global).
 
-        ``keep_log_probs``: deprecated since 0.3.0, and the trainer no longer passes it: an on-policy update's
-        log-probs come back from ``on_policy_update`` (see Optional attributes). Accept the keyword and
-        ignore it; it leaves the protocol in 0.4.0.
+        An on-policy update's log-probs come back from ``on_policy_update`` (see Optional attributes); 0.3.0's
+        ``keep_log_probs`` keyword is gone (the trainer has not passed it since 0.3.0; `TorchActor` answers it
+        with one line naming ``on_policy_update``).
 
         Non-finite values: a loss or gradient norm that is NaN or inf must not reach the weights. Zero the
         gradients, do not step the optimizer (nor the LR schedule), and raise

@@ -100,12 +100,12 @@ def test_the_normalisers_make_the_loss_independent_of_the_micro_batch_size():
         torch.testing.assert_close(sum(p.aggregate(p.log_prob) for p in parts), whole.aggregate(whole.log_prob))
 
 
-def test_update_takes_keep_log_probs_and_a_nonfinite_loss_raises_without_stepping():
+def test_update_takes_no_keep_log_probs_and_a_nonfinite_loss_raises_without_stepping():
     from nanoverl_core.algos import vanilla
     from nanoverl_core.errors import NonFiniteError
     from nanoverl_core.protocols import Actor
 
-    assert "keep_log_probs" in inspect.signature(Actor.update).parameters
+    assert list(inspect.signature(Actor.update).parameters) == ["self", "batch", "policy_loss", "on_policy"]
     config, workers = _debug_workers()
     batch = _rollout_batch(config, workers)
     lp = workers.actor.compute_log_probs(batch)
@@ -117,26 +117,30 @@ def test_update_takes_keep_log_probs_and_a_nonfinite_loss_raises_without_steppin
     assert all(torch.equal(before[k], v) for k, v in workers.actor.full_tensors()), "a non-finite update stepped"
 
 
-def test_an_on_policy_update_returns_its_log_probs_and_the_0_2_side_channel_still_works_with_a_warning():
+def test_an_on_policy_update_returns_its_log_probs_and_the_0_2_side_channel_is_one_line():
     """on_policy_update returns pi_old with the metrics; 0.2.0's update(..., keep_log_probs=True), which kept
-    them in `update_log_probs`, still does for one minor version, with one deprecation warning."""
+    them in `update_log_probs` (deprecated in 0.3.0), is one line naming on_policy_update, before any step."""
     from nanoverl_core.algos import vanilla
-    from nanoverl_core.errors import NanoverlDeprecation
+    from nanoverl_core.errors import PluginError
 
     config, workers = _debug_workers()
     batch = _rollout_batch(config, workers)
     batch["loss_mask"], batch["advantages"] = batch["response_mask"].clone(), batch["response_mask"].clone()
     before = workers.actor.compute_log_probs(batch)
     state = {k: v.clone() for k, v in workers.actor.module.state_dict().items()}
-    optimizer = workers.actor.optimizer.state_dict()
+    for keep in (True, False):
+        with pytest.raises(PluginError) as raised:
+            workers.actor.update(batch, vanilla, on_policy=True, keep_log_probs=keep)
+        line = str(raised.value)
+        assert line.startswith("Actor.update(..., keep_log_probs=...) was removed in nanoverl 0.4.0: call "
+                               "on_policy_update(batch, policy_loss)") and "\n" not in line, line
+    assert all(torch.equal(state[k], v) for k, v in workers.actor.module.state_dict().items()), "it stepped"
+    assert not hasattr(workers.actor, "update_log_probs")
+    with pytest.raises(TypeError, match="keep_log_prob"):
+        workers.actor.update(batch, vanilla, on_policy=True, keep_log_prob=True)
     metrics, kept = workers.actor.on_policy_update(batch, vanilla)
     torch.testing.assert_close(kept, before, rtol=1e-5, atol=1e-6)
     assert set(metrics) >= {"actor/pg_loss", "actor/grad_norm"}
-    workers.actor.module.load_state_dict(state)
-    workers.actor.optimizer.load_state_dict(optimizer)
-    with pytest.warns(NanoverlDeprecation, match="on_policy_update"):
-        old_metrics = workers.actor.update(batch, vanilla, on_policy=True, keep_log_probs=True)
-    assert torch.equal(workers.actor.update_log_probs, kept) and old_metrics.keys() == metrics.keys()
 
 
 def test_a_schedule_built_before_total_steps_is_known_reads_it_when_it_is_final():
@@ -181,7 +185,7 @@ def test_the_docs_state_each_contract():
     text = (ROOT / "docs" / "plugins.md").read_text()
     section = text.split("## What an outside backend can rely on")[1].split("\n## ")[0]
     for needle in ("Workers(tokenizer, actor, reference=None, critic=None)", "TOKENIZER_CONTRACT", "check_actor",
-                   "num_tokens", "keep_log_probs", "NonFiniteError", "total_steps", "CheckpointError", "RLBatch"):
+                   "num_tokens", "on_policy_update", "NonFiniteError", "total_steps", "CheckpointError", "RLBatch"):
         assert needle in section, needle
 
 
@@ -232,7 +236,7 @@ class OwnActor:
         with torch.no_grad():
             return self._log_probs(batch)
 
-    def update(self, batch, policy_loss, *, on_policy=False, keep_log_probs=False):
+    def update(self, batch, policy_loss, *, on_policy=False):
         from nanoverl_core.algos import PolicyLossInputs, compute_actor_loss
         from nanoverl_core.errors import NonFiniteError
 

@@ -38,7 +38,7 @@ def test_run_directory_follows_the_contract(tmp_path):
                    "trainer.save_every=1", "trainer.keep_checkpoints=2", f"trainer.output_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["config"]["trainer"]["total_steps"] == 4 and config["plugins"]["nanoverl"] == "0.3.0"
+    assert config["config"]["trainer"]["total_steps"] == 4 and config["plugins"]["nanoverl"] == "0.4.0"
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for key in ("reward/mean", "timing/step", "timing/rollout", "timing/reward", "timing/old_log_probs",

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import nanoverl_core
-from conftest import EXAMPLES, ROOT, cli_env, read_metrics, run_cli
+from conftest import EXAMPLES, ROOT, cli_env, run_cli
 from surface import SNAPSHOTS, public_surface
 from nanoverl_core.algos import PolicyLossInputs
 from nanoverl_core.errors import NanoverlDeprecation, PluginError
@@ -84,13 +84,18 @@ def test_every_change_since_the_version_before_is_in_the_changelog():
     assert not missing, f"CHANGELOG.md's {after['version']} section does not name: {missing}"
 
 
-def test_a_renamed_field_keeps_working_with_a_deprecation_warning():
+def test_a_removed_field_is_one_line_naming_the_new_one():
+    """0.1.0's PolicyLossInputs.response_mask (deprecated in 0.2.0) is gone: reading it or passing it is a
+    PluginError (one `error:` line from nanoverl-train) naming loss_mask."""
     mask = torch.tensor([[1.0, 0.0]])
     inputs = PolicyLossInputs(mask, mask, mask, loss_mask=mask)
-    with pytest.warns(NanoverlDeprecation, match="use loss_mask"):
-        assert inputs.response_mask is mask
-    with pytest.warns(NanoverlDeprecation, match="use loss_mask"):
-        assert PolicyLossInputs(log_prob=mask, old_log_prob=mask, advantages=mask, response_mask=mask).loss_mask is mask
+    assert inputs.loss_mask is mask
+    with pytest.raises(PluginError, match=r"^PolicyLossInputs\.response_mask was removed in nanoverl 0\.4\.0: use "
+                                          r"loss_mask") as raised:
+        inputs.response_mask
+    assert "\n" not in str(raised.value)
+    with pytest.raises(PluginError, match=r"^PolicyLossInputs\.response_mask was removed.*use loss_mask"):
+        PolicyLossInputs(log_prob=mask, old_log_prob=mask, advantages=mask, response_mask=mask)
 
 
 LEGACY_LOSS = {
@@ -125,7 +130,7 @@ def register_policy_losses(register):
 }
 
 
-def test_a_loss_plugin_written_for_0_1_0_trains_with_one_warning_line(tmp_path):
+def test_a_loss_plugin_written_for_0_1_0_stops_with_one_error_line(tmp_path):
     for path, body in LEGACY_LOSS.items():
         (tmp_path / "pkg" / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "pkg" / path).write_text(body)
@@ -135,34 +140,37 @@ def test_a_loss_plugin_written_for_0_1_0_trains_with_one_warning_line(tmp_path):
     proc = run_cli("--config", str(EXAMPLES / "debug_reinforce.toml"), "trainer.progress=none", "trainer.total_steps=2",
                    "trainer.val_every=0", "actor.policy_loss=legacy_pg", f"trainer.output_dir={tmp_path / 'run'}",
                    env=cli_env(PYTHONPATH=str(tmp_path / "site")))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    warned = [line for line in proc.stderr.splitlines() if "response_mask" in line]
-    assert len(warned) == 1 and warned[0].startswith("warning: PolicyLossInputs.response_mask is deprecated"), warned
-    assert "use loss_mask" in warned[0] and "CHANGELOG.md" in warned[0]
-    assert [row["step"] for row in read_metrics(tmp_path / "run")] == [1, 2]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    named = [line for line in proc.stderr.splitlines() if "response_mask" in line]
+    assert len(errors) == 1 and named == errors, proc.stderr[-2000:]
+    assert errors[0].startswith("error: PolicyLossInputs.response_mask was removed in nanoverl 0.4.0: use loss_mask")
+    assert "CHANGELOG.md" in errors[0]
 
 
-def test_the_reward_scorers_0_2_0_entry_points_keep_working_with_a_deprecation_warning():
+def test_the_reward_scorers_0_2_0_entry_points_are_one_line_naming_score_batch():
+    """RewardScorer.score, score_components and score_responses (deprecated in 0.3.0) are gone: calling one is
+    a PluginError naming score_batch and score_texts; score_texts scores plain texts."""
     from nanoverl_core import RLBatch, load_registry
     from nanoverl_core.config import RewardConfig
     from nanoverl_core.reward import RewardScorer
-    from nanoverl_core.testing import ByteTokenizer, score_texts
+    from nanoverl_core.testing import score_texts
 
     scorer = RewardScorer(RewardConfig(name="char_match", workers=0), load_registry())
     batch = RLBatch(non_tensors={"prompt_text": ["p", "q"], "row": [{"target": "ab"}, {"target": "cd"}],
                                  "index": [0, 1]})
-    want, _ = score_texts(scorer, batch, ["ab", "cx"])
-    with pytest.warns(NanoverlDeprecation, match="score_batch"):
-        scores, metrics = scorer.score(batch, ["ab", "cx"])
-    assert scores.tolist() == want.tolist() == [1.0, 0.5] and metrics["reward/errors"] == 0
-    with pytest.warns(NanoverlDeprecation, match="score_batch"):
-        assert scorer.score_components(batch, ["ab", "cx"])[2].tolist() == [[1.0], [0.5]]
-    ids = [ByteTokenizer().encode("ab"), ByteTokenizer().encode("cx")]
-    tokens = RLBatch({"responses": torch.tensor(ids), "response_mask": torch.ones(2, 2)}, batch.non_tensors)
-    with pytest.warns(NanoverlDeprecation, match="score_batch"):
-        scores, texts, _ = scorer.score_responses(tokens, ByteTokenizer())
-    assert texts == ["ab", "cx"] and scores.tolist() == [1.0, 0.5]
+    scores, metrics = score_texts(scorer, batch, ["ab", "cx"])
+    assert scores.tolist() == [1.0, 0.5] and metrics["reward/errors"] == 0
+    for name in ("score", "score_components", "score_responses"):
+        with pytest.raises(PluginError) as raised:
+            getattr(scorer, name)(batch, ["ab", "cx"])
+        line = str(raised.value)
+        assert line.startswith(f"RewardScorer.{name} was removed in nanoverl 0.4.0: ") and "\n" not in line
+        assert "score_batch(batch, tokenizer, step, phase=...)" in line
+        assert "nanoverl_core.testing.score_texts" in line
+    with pytest.raises(AttributeError):
+        scorer.scores                                             # other missing names stay AttributeErrors
 
 
 def test_a_rollout_written_for_0_1_0_is_one_line_naming_the_new_column():
@@ -183,9 +191,25 @@ def test_an_actor_written_for_0_1_0_is_one_line_naming_the_new_signature():
             return {}
 
     class NewActor:
+        def update(self, batch, policy_loss, *, on_policy=False):
+            return {}
+
+    class Actor030:                                                # the keyword it accepted is never passed
         def update(self, batch, policy_loss, *, on_policy=False, keep_log_probs=False):
             return {}
 
     check_actor_update(NewActor(), "mine")
+    check_actor_update(Actor030(), "mine")
     with pytest.raises(PluginError, match=r"worker.name = 'mine'.*update\(batch, policy_loss, \*, on_policy\)"):
         check_actor_update(OldActor(), "mine")
+
+
+def test_a_deprecated_name_in_use_is_one_warning_line(capsys):
+    """The other half of the contract, for the next rename: nanoverl-train shows a NanoverlDeprecation as one
+    `warning:` line (none is pending in this version)."""
+    from nanoverl_core.cli import _show_warning
+
+    _show_warning(NanoverlDeprecation("X.old is deprecated since nanoverl 0.4.0: use new (CHANGELOG.md)"),
+                  NanoverlDeprecation, "plugin.py", 3)
+    err = capsys.readouterr().err
+    assert err == "warning: X.old is deprecated since nanoverl 0.4.0: use new (CHANGELOG.md) (at plugin.py:3)\n"

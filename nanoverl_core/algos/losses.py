@@ -23,7 +23,6 @@ Policy losses are registered components (`register_policy_losses`, selected by `
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +30,7 @@ import attrs
 import torch
 
 from ..config import LOSS_AGG_MODES
-from ..errors import NanoverlDeprecation
+from ..errors import removed
 from .kl import kl_penalty
 from .utils import masked_sum
 
@@ -95,8 +94,8 @@ def token_mean_share(x: torch.Tensor, mask: torch.Tensor, num_tokens: float | No
 
 
 # ---- the policy loss contract -------------------------------------------------------------------
-_RENAMED = ("PolicyLossInputs.response_mask is deprecated since nanoverl 0.2.0 and goes in 0.3.0: use loss_mask "
-            "(the same tensor: the tokens that count; CHANGELOG.md)")
+_RENAMED = ("PolicyLossInputs.response_mask", "use loss_mask (the same tensor: the tokens that count)")
+"""0.1.0's name of loss_mask, deprecated in 0.2.0: reading it or passing it is one line naming loss_mask."""
 
 
 @attrs.frozen(init=False)
@@ -132,17 +131,15 @@ class PolicyLossInputs:
     """(B, R) detached rollout-correction importance weights (algorithm.rollout_correction), or None:
     multiply them into the per-token policy losses before aggregating, as the built-ins do."""
 
-    def __init__(self, *args: Any, response_mask: torch.Tensor | None = None, **kwargs: Any):
-        if response_mask is not None:                       # 0.1.0's keyword, until 0.3.0
-            warnings.warn(_RENAMED, NanoverlDeprecation, stacklevel=2)
-            kwargs["loss_mask"] = response_mask
+    def __init__(self, *args: Any, **kwargs: Any):
+        if "response_mask" in kwargs:                       # 0.1.0's keyword
+            raise removed(*_RENAMED)
         self.__attrs_init__(*args, **kwargs)
 
     @property
     def response_mask(self) -> torch.Tensor:
-        """Deprecated: 0.1.0's name of `loss_mask` (read with a FutureWarning until 0.3.0)."""
-        warnings.warn(_RENAMED, NanoverlDeprecation, stacklevel=2)
-        return self.loss_mask
+        """Removed: 0.1.0's name of `loss_mask`; reading it raises a PluginError naming `loss_mask`."""
+        raise removed(*_RENAMED)
 
     def aggregate(self, loss_mat: torch.Tensor) -> torch.Tensor:
         """agg_loss of a (B, R) token loss matrix with the mini-batch normalisers."""

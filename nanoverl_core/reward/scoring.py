@@ -38,7 +38,6 @@ import json
 import signal
 import sys
 import threading
-import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -48,7 +47,7 @@ import torch
 from ..batch import RLBatch, is_episodes, model_tokens
 from ..config import RewardConfig
 from ..dist import gather_dicts, rank_rows
-from ..errors import NanoverlDeprecation, RewardError
+from ..errors import RewardError, removed
 from ..plugins import Registry
 from ..rollout import decode_responses
 from .calls import (BATCHED_STYLES, CallError, CallTimeout, ComponentSpec, call_batched, call_checked, call_style,
@@ -80,9 +79,8 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, facto
     return torch.clamp(-exceed / buffer_len * factor, max=0.0)
 
 
-_OLD_ENTRY = ("RewardScorer.{} is deprecated since nanoverl 0.3.0 and goes in 0.4.0: score_batch(batch, tokenizer, "
-              "step, phase=...) is the one entry point (nanoverl_core.testing.score_texts scores plain texts through "
-              "it; CHANGELOG.md)")
+_REMOVED_ENTRIES = ("score", "score_components", "score_responses")
+"""0.2.0's entry points, deprecated in 0.3.0, gone in 0.4.0: calling one is one line naming score_batch."""
 
 
 def _alarm(_signum, _frame):
@@ -215,24 +213,12 @@ class RewardScorer:
             tensors.update(component_scores=components, component_weights=weights.expand(len(scores), -1).clone())
         return RLBatch(tensors, {"response_text": texts, "reward_detail": rows}), metrics
 
-    # ---- 0.2.0's entry points: deprecated, they go in 0.4.0 ---------------------------------------------
-    def score(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train", step: int | None = None):
-        """Deprecated: (scores (B,), metrics) of `response_texts`; `nanoverl_core.testing.score_texts` does this."""
-        warnings.warn(_OLD_ENTRY.format("score(batch, texts)"), NanoverlDeprecation, stacklevel=2)
-        return self._call_rewards(batch, response_texts, phase, step)[:2]
-
-    def score_components(self, batch: RLBatch, response_texts: list[str], *, phase: str = "train",
-                         step: int | None = None):
-        """Deprecated: `score`, and each component's score (B, K)."""
-        warnings.warn(_OLD_ENTRY.format("score_components(batch, texts)"), NanoverlDeprecation, stacklevel=2)
-        return self._call_rewards(batch, response_texts, phase, step)[:3]
-
-    def score_responses(self, batch: RLBatch, tokenizer, *, phase: str = "train", step: int | None = None):
-        """Deprecated: (answer scores (B,), response texts, metrics); `score_batch` gives them as columns."""
-        warnings.warn(_OLD_ENTRY.format("score_responses(batch, tokenizer)"), NanoverlDeprecation, stacklevel=2)
-        texts = decode_responses(tokenizer, batch)
-        scores, metrics, *_ = self._answer_scores(batch, texts, phase, step)
-        return scores, texts, metrics
+    def __getattr__(self, name: str):
+        if name in _REMOVED_ENTRIES:        # 0.2.0's entry points (deprecated in 0.3.0)
+            raise removed(f"RewardScorer.{name}", "write score_batch(batch, tokenizer, step, phase=...), the one "
+                          "entry point (nanoverl_core.testing.score_texts(scorer, batch, texts) scores plain texts "
+                          "through it)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _answer_scores(self, batch: RLBatch, texts: list[str], phase: str, step: int | None
                        ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, list[dict]]:

@@ -15,17 +15,17 @@ What differs between backends is not subclassed but given to a worker as two str
 from __future__ import annotations
 
 import math
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..algos import PolicyLossInputs, compute_actor_loss, compute_value_loss, loss_totals
 from ..batch import RLBatch
 from ..config import ActorConfig, Config, CriticConfig, OptimConfig
-from ..errors import ConfigError, NanoverlDeprecation, NonFiniteError
+from ..errors import ConfigError, NonFiniteError, removed
 from ..protocols import Actor, Critic, PolicyLoss, Workers  # noqa: F401 (Workers: re-exported)
 from .forward import ForwardPass
 from .rows import token_budget_groups
@@ -246,21 +246,21 @@ class TorchActor(_TorchWorker):
         return self.weights.full_tensors(self.module)
 
     def update(self, batch: RLBatch, policy_loss: PolicyLoss, *, on_policy: bool = False,
-               keep_log_probs: bool = False) -> dict[str, float]:
+               **removed_keywords: Any) -> dict[str, float]:
         """PPO epochs over mini-batches (one optimizer step each) split into micro-batches.
 
         policy_loss: the registered loss (`actor.policy_loss`), see nanoverl_core.algos.PolicyLossInputs.
         on_policy: this is the step's only update and the batch was sampled by this very policy, so
             pi_old is this forward's policy: old log-probs are taken from it (detached) instead of
             batch["old_log_probs"], and the loss is told so (the trainer decides: trainer/plan.py).
-        keep_log_probs: deprecated (0.2.0's `update_log_probs`); `on_policy_update` returns them.
+        `on_policy_update` returns the update's log-probs too (0.2.0's `keep_log_probs`, removed in 0.4.0:
+        passing it is one line naming it).
         """
-        if keep_log_probs and on_policy:
-            warnings.warn(KEEP_LOG_PROBS, NanoverlDeprecation, stacklevel=2)
-            metrics, self.update_log_probs = self.on_policy_update(batch, policy_loss)
-            return metrics
-        if keep_log_probs:
-            raise ValueError("keep_log_probs=True needs on_policy=True (the forward must be pi_old's)")
+        if "keep_log_probs" in removed_keywords:
+            raise removed("Actor.update(..., keep_log_probs=...)", "call on_policy_update(batch, policy_loss), "
+                          "which returns (metrics, log_probs): the log-probs update_log_probs held")
+        if removed_keywords:
+            raise TypeError(f"update() got unexpected keyword arguments {sorted(removed_keywords)}")
         return self.epochs(batch, self._loss(policy_loss, on_policy), one_step=on_policy)
 
     def on_policy_update(self, batch: RLBatch, policy_loss: PolicyLoss) -> tuple[dict[str, float], torch.Tensor]:
@@ -300,11 +300,6 @@ class TorchActor(_TorchWorker):
                 out[group] = values
             return out * rows["response_mask"]
         return self.parallel.on_my_rows(batch, on_rows)
-
-
-KEEP_LOG_PROBS = ("update(..., keep_log_probs=True) and update_log_probs are deprecated since nanoverl 0.3.0 and go "
-                  "in 0.4.0: call on_policy_update(batch, policy_loss), which returns (metrics, log_probs) "
-                  "(CHANGELOG.md)")
 
 
 class TorchCritic(_TorchWorker):

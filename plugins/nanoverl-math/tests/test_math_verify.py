@@ -181,7 +181,7 @@ def test_the_reward_comes_from_the_installed_distribution_with_its_settings():
     listed = subprocess.run([sys.executable, "-m", "nanoverl_core.cli", "plugins", "--json"], env=ENV,
                             capture_output=True, text=True, timeout=120)
     plugin = next(p for p in json.loads(listed.stdout) if p["dist"] == "nanoverl-math")
-    assert plugin["version"] == "0.3.0" and plugin["names"] == {"reward": ["math_verify"]}
+    assert plugin["version"] == "0.4.0" and plugin["names"] == {"reward": ["math_verify"]}
 
 
 def test_the_reward_scores_in_the_real_worker_pool_with_its_table():

@@ -26,7 +26,7 @@ def test_plugins_lists_the_vllm_rollout_without_importing_vllm(tmp_path):
     result = train("plugins", "--json", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     info = next(p for p in json.loads(result.stdout) if p["dist"] == "nanoverl-vllm")
-    assert info["version"] == "0.3.0" and info["module"] == "nanoverl_vllm.plugin"
+    assert info["version"] == "0.4.0" and info["module"] == "nanoverl_vllm.plugin"
     assert info["names"] == {"rollout": ["vllm"]} and info["hooks"] == ["register_rollouts"] and not info["error"]
     probe = "import sys; from nanoverl_core import load_registry; load_registry(); print('vllm' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"

@@ -6,4 +6,4 @@ sharded, pickle-free checkpoints (per-rank safetensors) and an export to a plain
 (`python -m nanoverl_fsdp.export`). Modules import torch only when the worker is selected.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

@@ -1,3 +1,3 @@
 """nanoverl-grpo: group-relative advantage estimators for nanoverl (see estimators.py)."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

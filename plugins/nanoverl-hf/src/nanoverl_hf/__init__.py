@@ -4,4 +4,4 @@ Registered names: worker `hf`, rollout `hf`, reward `gsm8k`. Modules import tran
 name is selected, so `nanoverl-train plugins` stays cheap.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

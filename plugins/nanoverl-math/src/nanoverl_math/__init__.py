@@ -4,4 +4,4 @@ Registered names: reward `math_verify` (settings `[reward.math_verify]`). math-v
 imported only when the name is selected, so `nanoverl-train plugins` stays cheap.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

@@ -1,3 +1,3 @@
 """nanoverl-mlflow: the ``mlflow`` tracker (``tracking.trackers = [..., "mlflow"]``)."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

@@ -1,3 +1,3 @@
 """nanoverl-tensorboard: the ``tensorboard`` tracker (``tracking.trackers = [..., "tensorboard"]``)."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

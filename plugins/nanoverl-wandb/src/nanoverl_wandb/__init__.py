@@ -1,3 +1,3 @@
 """nanoverl-wandb: the ``wandb`` tracker (``tracking.trackers = [..., "wandb"]``)."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
