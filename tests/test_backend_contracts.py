@@ -15,14 +15,14 @@ from conftest import EXAMPLES, ROOT
 REINFORCE = str(EXAMPLES / "debug_reinforce.toml")
 
 
-def test_workers_is_the_protocols_class_and_takes_tokenizer_actor_reference_critic():
+def test_workers_is_the_protocols_class_and_takes_tokenizer_actor_reference_critic_teacher():
     import nanoverl_core
     from nanoverl_core.protocols import Workers
 
     assert nanoverl_core.Workers is Workers
-    assert list(inspect.signature(Workers).parameters) == ["tokenizer", "actor", "reference", "critic"]
-    workers = Workers("tok", "actor")
-    assert workers.reference is None and workers.critic is None
+    assert list(inspect.signature(Workers).parameters) == ["tokenizer", "actor", "reference", "critic", "teacher"]
+    workers = Workers("tok", "actor")                    # a 0.3.0 factory's call: the new field defaults to None
+    assert workers.reference is None and workers.critic is None and workers.teacher is None
 
 
 def test_the_tokenizer_contract_lists_every_attribute_the_core_reads():
