@@ -19,8 +19,8 @@ Tensor keys used by the trainer (B = rows, P = prompt length, R = response lengt
     loss_mask          (B, R) float   1 on the tokens the losses, normalisers, estimators and update
                                       metrics count; absent until the trainer's stage 4b derives it
                                       (`derive_loss_mask`: model_tokens less truncated rows with
-                                      algorithm.mask_truncated), narrowed after by rollout-correction
-                                      rejection
+                                      algorithm.mask_truncated and rows in reward_dropped), narrowed after by
+                                      rollout-correction rejection
     rollout_log_probs  (B, R) float   log pi_rollout(response token) as the engine reports it (a rollout
                                       with `returns_log_probs`), for rollout correction and its metrics
     sample_seed        (B,)   int64   under torchrun, each sampled row's seed, the same on any number of
@@ -30,6 +30,8 @@ Tensor keys used by the trainer (B = rows, P = prompt length, R = response lengt
     score              (B,)   float   the row's sequence score, the reward stage's (an episode's with its
                                       environment's rewards)
     token_level_scores (B, R) float   the reward score on the last valid response token
+    reward_dropped     (B,)   bool    reward.on_error = "drop": the row's reward call failed; it has a uid of
+                                      its own and no token in the loss_mask (absent otherwise)
     component_scores   (B, K) float   with [[reward.components]]: each component's own score, before its
     component_weights  (B, K) float   weight, and the weight (the same on every row)
     reward_baselines   (B,)   float   the score of one greedy response to the row's prompt (stage 4c, ReMax)
@@ -201,6 +203,10 @@ def model_tokens(batch: RLBatch) -> torch.Tensor:
 def derive_loss_mask(batch: RLBatch, mask_truncated: bool) -> torch.Tensor:
     """(B, R) the trainer's stage 4b: the tokens the update counts, before rollout correction narrows them.
     Every token the model sampled (`model_tokens`); with `mask_truncated` (DAPO's overlong filtering) none
-    of a truncated row's. A new tensor: the rollout's masks are never changed."""
+    of a truncated row's; none of a row the reward stage dropped (`reward_dropped`). A new tensor: the
+    rollout's masks are never changed."""
     mask = model_tokens(batch)
-    return mask * (~batch["truncated"]).to(mask.dtype)[:, None] if mask_truncated else mask.clone()
+    mask = mask * (~batch["truncated"]).to(mask.dtype)[:, None] if mask_truncated else mask.clone()
+    if "reward_dropped" in batch:
+        mask = mask * (~batch["reward_dropped"]).to(mask.dtype)[:, None]
+    return mask

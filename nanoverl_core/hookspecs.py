@@ -95,8 +95,8 @@ def register_rewards(register: Register) -> None:
     """Register reward functions, selected by ``reward.name``; settings in ``[reward.<name>]``.
 
     obj: a ``nanoverl_core.protocols.RewardFn``, ``fn(prompt: str, response: str, sample: dict) ->
-    float | dict``, called with ``settings=...`` when it registered settings. Optional attribute:
-    ``batched`` (see ``RewardFn``).
+    float | dict``, called with ``settings=...`` when it registered settings. Optional attributes:
+    ``batched``, ``error_kinds``, ``check_config`` (see ``RewardFn``).
     """
 
 

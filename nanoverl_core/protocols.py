@@ -309,7 +309,13 @@ class RewardFn(Protocol):
         row: called once per step with every row (under torchrun: with this rank's share), in a worker
         process of its own (one for all batched rewards, so a reward model is loaded once and kept),
         timed out after reward.timeout_s per row; a crash or hang fails that call's rows and a fresh
-        worker takes the next step. With reward.workers = 0 it runs in the trainer process.
+        worker takes the next step. With reward.workers = 0 it runs in the trainer process. One that takes
+        a ``context`` keyword gets a ``nanoverl_core.reward.RewardContext`` (phase, step, run directory,
+        each row's uid and index); an item of its list may be a ``nanoverl_core.reward.CallError(kind,
+        message)``: that row failed (reward.on_error decides what follows), counted as reward/errors/<kind>.
+      * ``error_kinds``: the kinds of its CallErrors, each logged as reward/errors/<kind> every step (0 or more).
+      * ``check_config``: ``check_config(config) -> None`` raises ConfigError for bad settings (a file, a URL)
+        before the run directory is written or a model loads (``--dry-run`` runs it too).
     """
 
     def __call__(self, prompt: str, response: str, sample: dict, **settings: Any) -> float | dict: ...

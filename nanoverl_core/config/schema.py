@@ -475,10 +475,13 @@ class RewardConfig:
     memory_limit_mb: int = attrs.field(default=0, validator=at_least(0))
     """Address-space limit of each worker process (RLIMIT_AS) in MiB, so a leaking reward fails with
     MemoryError or dies instead of exhausting the machine; 0: no limit."""
-    on_error: Literal["raise", "zero"] = "raise"
-    """A call that raises, hangs, returns a non-number or kills its worker: "raise" stops (exit 2,
-    naming the row), "zero" scores it 0, counts it in reward/errors (reward/timeouts, reward/crashes)
-    and continues. Either way the row goes to reward_errors.jsonl in the run directory."""
+    on_error: Literal["raise", "zero", "drop"] = "raise"
+    """A call that raises, hangs, returns a non-number, kills its worker, or that a batched reward fails
+    (the judge's judge_timeout, ...): "raise" stops (exit 2, naming the row); "zero" scores it 0; "drop"
+    takes the row out of training (no tokens in the loss_mask, a group of its own, so group baselines are
+    the other rows'; reward/dropped; validation scores it 0). "zero" and "drop" count it in reward/errors
+    and reward/errors/<kind> (reward/timeouts, reward/crashes) and continue. Either way the row goes to
+    reward_errors.jsonl in the run directory."""
     overlong_buffer_len: int = attrs.field(default=0, validator=at_least(0))
     """DAPO soft overlong punishment: a response longer than rollout.max_new_tokens - this many tokens
     loses up to overlong_penalty_factor, linearly over the buffer (verl overlong_buffer.len); 0: off.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {"RewardScorer": "scoring", "component_specs": "scoring", "load_reward_fn": "scoring",
-         "overlong_penalty": "scoring", "place_scores": "scoring", "ComponentSpec": "calls", "CallError": "calls",
+         "overlong_penalty": "scoring", "place_scores": "scoring", "ComponentSpec": "calls", "CallError": "calls", "RewardContext": "calls",
          "GROUND_TRUTH_KEYS": "calls", "ground_truth_value": "calls", "RewardPool": "pool",
          "ByteTokenizer": "texts", "as_responses": "texts"}
 __all__ = list(_LAZY)

@@ -10,11 +10,14 @@ A reward call gets one response and returns a float or a dict with "score". The 
                run unchanged too.
     trl        fn(prompts, completions, **kwargs) -> list  -- a TRL reward function, recognised by its
                parameters `prompts` and `completions`; batched, so the scorer calls it (`trl_arguments`).
-    batched    fn(prompts, responses, rows[, settings=...]) -> list  -- marked by fn.batched = True.
+    batched    fn(prompts, responses, rows[, settings=...][, context=...]) -> list  -- marked by fn.batched = True;
+               `context` (a RewardContext: phase, step, run directory, each row's uid and index) only when
+               the signature takes it; an item of the list may be a CallError: that row failed, with its kind.
 
 `call_checked` makes the call and checks what came back; every failure is a `CallError` with a kind:
 "raised", "invalid" (not a finite number), "memory" (MemoryError), and, from the pool, "timeout" and
-"crash" (the worker process died: a segfault, `os._exit`, the kernel's OOM killer).
+"crash" (the worker process died: a segfault, `os._exit`, the kernel's OOM killer); a batched reward may fail
+a row with a kind of its own (the judge's `judge_timeout`, ...), counted as reward/errors/<kind>.
 """
 
 from __future__ import annotations
@@ -63,11 +66,29 @@ class CallTimeout(BaseException):
 
 
 class CallError(Exception):
-    """One failed reward call: kind is raised / invalid / memory / timeout / crash."""
+    """One failed reward call: kind is raised / invalid / memory / timeout / crash, or a batched reward's own
+    kind for one of its rows (an item of its returned list), e.g. the judge's judge_timeout."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind, self.message = kind, message
+
+
+@attrs.frozen
+class RewardContext:
+    """Where a batched reward's call comes from, passed as ``context=`` to one whose signature takes it."""
+
+    phase: str
+    """"train", "baseline" (ReMax's greedy responses), "val" (validation, `nanoverl-train eval`) or "score"."""
+    step: int | None
+    """The trainer step being scored (None outside a run)."""
+    run_dir: str
+    """The run directory (trainer.output_dir), where a reward may keep files of its own; "" outside a run
+    (`nanoverl-train eval` and `score` write nothing)."""
+    uids: tuple[str, ...]
+    """Each row's uid: rows sharing one were sampled from the same prompt (a group)."""
+    indices: tuple[int, ...]
+    """Each row's position in its data split (the `index` column)."""
 
 
 def importable_ref(fn: Callable) -> str:
@@ -207,10 +228,11 @@ BATCHED_STYLES = ("batched", "trl")
 """Call styles that take the whole batch in one call (lists in, a list out)."""
 
 
-def call_batched(fn: Callable, style: str, spec: ComponentSpec, calls: list[tuple], prompt_key: str) -> list[tuple]:
+def call_batched(fn: Callable, style: str, spec: ComponentSpec, calls: list[tuple], prompt_key: str,
+                 context: RewardContext | None = None) -> list[tuple]:
     """A batched reward's outcomes ("ok", score, extra) | (kind, message, None) for every row of `calls`
-    ((prompt, response, row, data_source) each), from one call with lists, in the current process. No rows
-    (a rank whose share is empty): no call."""
+    ((prompt, response, row, data_source) each), from one call with lists, in the current process (`context`
+    passed to a function that takes it). No rows (a rank whose share is empty): no call."""
     if not calls:
         return []
     prompts, responses, rows, _ = (list(x) for x in zip(*calls))
@@ -219,7 +241,8 @@ def call_batched(fn: Callable, style: str, spec: ComponentSpec, calls: list[tupl
         if trl:
             out = fn(**accepted(fn, trl_arguments(responses, rows, prompt_key)))
         else:
-            out = fn(prompts, responses, rows, **({"settings": spec.settings} if spec.settings is not None else {}))
+            kwargs = {"settings": spec.settings} if spec.settings is not None else {}
+            out = fn(prompts, responses, rows, **kwargs, **accepted(fn, {"context": context}))
     except MemoryError:
         return [("memory", "ran out of memory (MemoryError)", None)] * len(calls)
     except RewardError as exc:
@@ -231,6 +254,9 @@ def call_batched(fn: Callable, style: str, spec: ComponentSpec, calls: list[tupl
         return [("invalid", f"a batched reward returned {got} for {len(calls)} rows", None)] * len(calls)
     outcomes = []
     for value in out:
+        if isinstance(value, CallError):  # the reward failed this row, with its own kind
+            outcomes.append((value.kind, value.message, None))
+            continue
         try:
             none = trl and value is None  # TRL: this reward does not apply to the row; it adds 0
             outcomes.append(("ok", 0.0, {}) if none else ("ok", *check_result(value, allow_bool=trl)))

@@ -20,7 +20,7 @@ from .calls import BATCHED_STYLES, CallError, ComponentSpec, call_batched, call_
 
 class _Rewards:
     """In a worker: the rewards of `specs`, loaded once; a call is (key, component, args), for a batched
-    component args is the batch's list of calls."""
+    component args is (the batch's list of calls, its RewardContext)."""
 
     def __init__(self, init: tuple[list[ComponentSpec], str]):
         self.specs, self.prompt_key = init
@@ -36,7 +36,8 @@ class _Rewards:
         fn, style, spec = self.fns[c], self.styles[c], self.specs[c]
         try:
             if style in BATCHED_STYLES:
-                outcome = ("ok", call_batched(fn, style, spec, args, self.prompt_key), None)
+                calls, context = args
+                outcome = ("ok", call_batched(fn, style, spec, calls, self.prompt_key, context), None)
             else:
                 outcome = ("ok", *call_checked(fn, style, spec, *args))
         except CallError as exc:
@@ -64,7 +65,8 @@ class RewardPool(WorkerPool):
     def run(self, calls: list[tuple[Any, int, tuple]], stop_on_error: bool = False,
             timeout_s: float | None = None) -> dict[Any, tuple]:
         """Outcomes {key: ("ok", score, extra) | (kind, message, None)} of (key, component, args) calls; for a
-        batched component, args is the batch's list of calls and the outcome ("ok", [outcome per row], None).
+        batched component, args is (the batch's list of calls, its RewardContext) and the outcome ("ok",
+        [outcome per row], None).
         `stop_on_error`: return at the first failure (the other workers are killed). `timeout_s`: this
         run's limit per call instead of the pool's. Workers start lazily: calls go to each once it is ready."""
         limit = self.timeout_s if timeout_s is None else timeout_s

@@ -20,10 +20,12 @@ Where the calls run (`pool.py` the worker pool, on nanoverl_core.processes; `cal
     from `__main__`), are called in the trainer process (a timeout then holds only in the main thread,
     and a crash takes the run with it).
 
-Every failed call (raised, timed out, not a finite number, its worker died or ran out of memory)
-either stops the run naming the row (`reward.on_error = "raise"`, exit 2) or scores 0 and is counted
-in `reward/errors` (`reward/timeouts`, `reward/crashes`) (`"zero"`); either way the row, the
-response and the error go to `reward_errors.jsonl` in the run directory.
+Every failed call (raised, timed out, not a finite number, its worker died or ran out of memory, or a
+batched reward failed the row with a kind of its own) either stops the run naming the row
+(`reward.on_error = "raise"`, exit 2), or scores 0 (`"zero"`), or takes the row out of training
+(`"drop"`: `reward_dropped`, its own uid, no tokens in the loss_mask); a failure is counted in `reward/errors`
+and `reward/errors/<kind>` (`reward/timeouts`, `reward/crashes`), and the row, the response and the error go
+to `reward_errors.jsonl` in the run directory.
 
 `RewardScorer.score_batch` is the one way a batch is scored: the trainer's reward stage, ReMax's greedy
 baseline, validation and `nanoverl-train eval` (`nanoverl_core.testing.score_texts` scores plain texts
@@ -50,8 +52,8 @@ from ..dist import gather_dicts, rank_rows
 from ..errors import RewardError, removed
 from ..plugins import Registry
 from ..rollout import decode_responses
-from .calls import (BATCHED_STYLES, CallError, CallTimeout, ComponentSpec, call_batched, call_checked, call_style,
-                    check_signature, importable_ref, load_function)
+from .calls import (BATCHED_STYLES, CallError, CallTimeout, ComponentSpec, RewardContext, call_batched, call_checked,
+                    call_style, check_signature, importable_ref, load_function)
 from .pool import RewardPool
 
 
@@ -109,6 +111,8 @@ class RewardScorer:
             self.specs.append(spec)
             self.fns.append(fn)
         self.styles = [call_style(fn) for fn in self.fns]
+        self.error_kinds = list(dict.fromkeys(kind for fn in self.fns for kind in getattr(fn, "error_kinds", ())))
+        """The failure kinds the rewards declare (fn.error_kinds), each logged as reward/errors/<kind> every step."""
         for fn, style, spec in zip(self.fns, self.styles, self.specs):
             check_signature(fn, style, spec.where)
         self.in_trainer = [cfg.workers == 0 or not (spec.file or spec.ref) for spec in self.specs]
@@ -117,6 +121,8 @@ class RewardScorer:
         rewards in the pool of reward.workers, batched ones (a reward model, TRL's) in a pool of one, so a
         model is loaded once, and a crash or a hang costs that step's call, not the run."""
         self.label = self.specs[0].where if len(self.specs) == 1 else "+".join(s.label for s in self.specs)
+        self.run_dir = "" if run_dir is None else str(run_dir)
+        """Handed to batched rewards (RewardContext.run_dir) for files of their own; "" writes nothing."""
         self.errors_path = Path(run_dir) / "reward_errors.jsonl" if run_dir is not None else None
         """Where failed calls are written; None writes nothing (`nanoverl-train eval`)."""
         self._pool: RewardPool | None = None
@@ -139,10 +145,11 @@ class RewardScorer:
             self._batch_pool = RewardPool(self.specs, 1, self.cfg.timeout_s, self.cfg.memory_limit_mb, self.prompt_key)
         return self._batch_pool
 
-    def _run_batched(self, components: list[int], args: list[tuple], rows: list[int], stop: bool) -> dict:
+    def _run_batched(self, components: list[int], args: list[tuple], rows: list[int], stop: bool,
+                     context: RewardContext) -> dict:
         """Outcomes by (row, component) of batched components, one call each in the batch worker, whose time
         limit is reward.timeout_s per row; a call that crashes or times out fails each of its rows."""
-        ran = self.batch_pool().run([(c, c, [args[i] for i in rows]) for c in components], stop,
+        ran = self.batch_pool().run([(c, c, ([args[i] for i in rows], context)) for c in components], stop,
                                     timeout_s=self.cfg.timeout_s * len(rows))
         outcomes = {}
         for c, (kind, value, _) in ran.items():
@@ -190,9 +197,10 @@ class RewardScorer:
         reward_detail, each row's dict of the extra keys its rewards returned (under their metric names) and
         "error" for a failed call; with [[reward.components]] also component_scores and component_weights
         (B, K), each component's own score (before its weight) and its weight. And the metrics: reward/mean,
-        reward/std, reward/errors, reward/timeouts, reward/crashes, the batch mean of every extra key a reward
-        returns (reward/<key>; with components reward/<name>/<key>) and, with components, each one's mean
-        (reward/<name>/mean)."""
+        reward/std, reward/errors, reward/errors/<kind>, reward/timeouts, reward/crashes, the batch mean of every
+        extra key a reward returns (reward/<key>; with components reward/<name>/<key>) and, with components, each
+        one's mean (reward/<name>/mean). Training under reward.on_error = "drop" adds reward_dropped (B,) and
+        a uid of its own for each failed row (`drop_failed`), and reward/mean and reward/std leave them out."""
         texts = decode_responses(tokenizer, batch)
         scores, metrics, components, rows = self._answer_scores(batch, texts, phase, step)
         mask = batch["response_mask"]
@@ -205,13 +213,18 @@ class RewardScorer:
         if is_episodes(batch):
             token_scores = token_scores + batch["turn_rewards"]
             scores = token_scores.sum(-1)
-        metrics["reward/mean"] = float(scores.mean())
-        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
         tensors = {"score": scores, "token_level_scores": token_scores}
+        columns = {"response_text": texts, "reward_detail": rows}
+        kept = scores
+        if self.cfg.on_error == "drop" and phase == "train":
+            tensors["reward_dropped"], columns["uid"] = drop_failed(batch["uid"], rows)
+            kept, metrics["reward/dropped"] = scores[~tensors["reward_dropped"]], float(tensors["reward_dropped"].sum())
+        metrics["reward/mean"] = float(kept.mean()) if len(kept) else 0.0
+        metrics["reward/std"] = float(kept.std()) if len(kept) > 1 else 0.0
         if self.cfg.components:
             weights = torch.tensor([spec.weight for spec in self.specs], dtype=torch.float32)
             tensors.update(component_scores=components, component_weights=weights.expand(len(scores), -1).clone())
-        return RLBatch(tensors, {"response_text": texts, "reward_detail": rows}), metrics
+        return RLBatch(tensors, columns), metrics
 
     def __getattr__(self, name: str):
         if name in _REMOVED_ENTRIES:        # 0.2.0's entry points (deprecated in 0.3.0)
@@ -253,6 +266,10 @@ class RewardScorer:
         args = [(batch["prompt_text"][i], response_texts[i], batch["row"][i], sources[i]) for i in range(n)]
         rows, real = rank_rows(n)
         mine = rows[:real]
+        uids = batch.non_tensors.get("uid") or [str(i) for i in range(n)]
+        indices = batch.non_tensors.get("index") or list(range(n))
+        context = RewardContext(phase, step, self.run_dir, tuple(str(uids[i]) for i in mine),
+                                tuple(int(indices[i]) for i in mine))
         outcomes: dict[tuple[int, int], tuple] = {}
         pooled = self._pooled()
         per_row = [c for c in pooled if self.styles[c] not in BATCHED_STYLES]
@@ -260,19 +277,19 @@ class RewardScorer:
         if per_row:
             outcomes.update(self.pool().run([((i, c), c, args[i]) for c in per_row for i in mine], stop))
         if batched and mine:
-            outcomes.update(self._run_batched(batched, args, mine, stop))
+            outcomes.update(self._run_batched(batched, args, mine, stop, context))
         for c in range(len(self.specs)):
             if c not in pooled:
-                outcomes.update(self._run_here(c, args, mine, stop))
+                outcomes.update(self._run_here(c, args, mine, stop, context))
         return self._combine(batch, response_texts, gather_dicts(outcomes), phase, step)
 
-    def _run_here(self, c: int, args: list[tuple], mine: list[int], stop: bool) -> dict:
+    def _run_here(self, c: int, args: list[tuple], mine: list[int], stop: bool, context: RewardContext) -> dict:
         """Outcomes by (row, component) of component c called in this process: a batched one once, a per-row
         one row by row (stopping at the first failure under reward.on_error = "raise")."""
         if self.styles[c] in BATCHED_STYLES:
             calls = [args[i] for i in mine]
             return dict(zip([(i, c) for i in mine], call_batched(self.fns[c], self.styles[c], self.specs[c], calls,
-                                                                 self.prompt_key)))
+                                                                 self.prompt_key, context)))
         outcomes = {}
         for i in mine:
             outcomes[(i, c)] = self._in_process(c, args[i])
@@ -284,7 +301,7 @@ class RewardScorer:
                                                                     list[dict]]:
         n, many = len(texts), len(self.specs) > 1
         scores, extras, per_component, rows = [0.0] * n, defaultdict(list), [], [{} for _ in range(n)]
-        counts = {"errors": 0, "timeouts": 0, "crashes": 0}
+        counts = {"errors": 0, "timeouts": 0, "crashes": 0, **{f"errors/{kind}": 0 for kind in self.error_kinds}}
         failures = sorted((key, o) for key, o in outcomes.items() if o[0] != "ok")
         if failures:
             self._write_failures(batch, texts, failures, phase, step)
@@ -292,7 +309,7 @@ class RewardScorer:
             (i, c), (kind, message, _) = failures[0]
             where = self.specs[c].where if many else self.label
             raise RewardError(f"reward {where} on data row {batch['index'][i]}: {message}; fix the reward, or set "
-                              f"reward.on_error=zero to score such rows 0" +
+                              f"reward.on_error=zero (score such rows 0) or drop (leave them out of the loss)" +
                               (f" (the row is in {self.errors_path})" if self.errors_path else ""))
         for c, spec in enumerate(self.specs):
             prefix = f"reward/{spec.label}/" if many else "reward/"
@@ -303,6 +320,7 @@ class RewardScorer:
                     counts["errors"] += 1
                     counts["timeouts"] += kind == "timeout"
                     counts["crashes"] += kind == "crash"
+                    counts[f"errors/{kind}"] = counts.get(f"errors/{kind}", 0) + 1
                     message = value if str(value).startswith(kind) else f"{kind}: {value}"
                     rows[i]["error"] = message + (f" ({spec.label})" if many else "")
                     value, extra = 0.0, {}
@@ -344,6 +362,14 @@ class RewardScorer:
                               "kind": error.split(": ", 1)[0], "message": error.split(": ", 1)[1],
                               "prompt": batch["prompt_text"][i], "episode": batch["episode"][i], "row": batch["row"][i]}
                              for i, error in enumerate(batch["episode_error"]) if error is not None])
+
+
+def drop_failed(uids: list, rows: list[dict]) -> tuple[torch.Tensor, list]:
+    """reward.on_error = "drop": (reward_dropped (B,) bool, uids) where each row whose reward call failed (its
+    detail has "error") is dropped and gets a uid of its own ("<uid>/dropped/<row>"), so a group estimator
+    computes the other rows' baselines without it; stage 4b takes its tokens out of the loss_mask."""
+    dropped = torch.tensor(["error" in row for row in rows], dtype=torch.bool)
+    return dropped, [f"{uid}/dropped/{i}" if gone else uid for i, (uid, gone) in enumerate(zip(uids, dropped.tolist()))]
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,8 @@ def resolve_plugins(config: Config, registry: Registry, *, import_backends: bool
                 "environment": make_env, "environment_source": env_source, "agent_source": agent_source,
                 "policy_loss": policy_loss,
                 "trackers": [registry.get("tracker", name, key="tracking.trackers") for name in config.tracking.trackers]}
+    for check in filter(None, (getattr(fn, "check_config", None) for fn in resolved["reward"].fns)):
+        check(config)                                   # a reward's settings, files, URLs: before anything is written
     if import_backends:
         resolved["worker"] = registry.get("worker", config.worker.name, key="worker.name")
         resolved["rollout"] = registry.get("rollout", config.rollout.name, key="rollout.name")
