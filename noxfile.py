@@ -28,7 +28,8 @@ DEPS_SPEC = ["torch==2.13.0", "transformers>=4.57", "tokenizers", "safetensors",
              "pytest-timeout", "pytest-xdist>=3.5", "hypothesis>=6.100", "playwright>=1.40", "setuptools>=68", "wheel",
              "fastapi>=0.110", "uvicorn>=0.29", "openai>=1.40", "httpx>=0.27"]   # the last four: the agent endpoint
 PLUGIN = {name: f"plugins/nanoverl-{name}" for name in ("hf", "fsdp", "vllm", "grpo", "math", "code", "reasoning-gym",
-                                                         "mlflow", "tensorboard", "wandb", "verifiers", "openenv")}
+                                                         "mlflow", "tensorboard", "wandb", "verifiers", "openenv",
+                                                         "judge")}
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
        "TOKENIZERS_PARALLELISM": "false"}
 """OMP_NUM_THREADS: the caller's, else 1 (torch's intra-op threads; the suite passes with 1 or 2, which round
@@ -182,6 +183,17 @@ def reasoning_gym(session):
     _setup(session, "hf", "grpo", "reasoning-gym")
     session.run("python", "-m", "pip", "install", "-q", *REASONING_GYM_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-reasoning-gym/tests")
+
+
+@nox.session(python="3.11")
+def judge(session):
+    """nanoverl-judge (with nanoverl-hf for its served model): the judge reward against scripted judge servers on
+    127.0.0.1 that time out, answer HTTP 500 or garbage, score, or die mid-run, and against a tiny random Llama
+    the plugin serves itself; the cache across a SIGKILL and resume; the dry-run's error lines. FastAPI, uvicorn
+    and httpx come from the shared deps."""
+    _setup(session, "hf", "judge")
+    _pytest(session, "plugins/nanoverl-judge/tests")
+    _pytest(session, "tests/test_config.py", "-k", "config_md")  # docs/config.md lists [reward.judge]'s keys
 
 
 @nox.session(python="3.11")

@@ -15,7 +15,7 @@ def _pyprojects():
 
 def test_every_distribution_has_the_same_version():
     versions = {p.parent.name: tomllib.loads(p.read_text())["project"]["version"] for p in _pyprojects()}
-    assert len(versions) == 13, versions
+    assert len(versions) == 14, versions
     assert set(versions.values()) == {nanoverl_core.__version__}, versions
 
 
@@ -28,6 +28,7 @@ def test_root_extras_name_the_plugins_at_that_version():
         assert f"nanoverl-{name}=={version}" in extras["all"]
     assert extras["verifiers"][0] == f"nanoverl-verifiers=={version}" and extras["verifiers"][0] in extras["all"]
     assert set(extras["agents"]) <= set(extras["verifiers"]) and set(extras["agents"]) <= set(extras["all"])
+    assert extras["judge"][0] == f"nanoverl-judge=={version}" and set(extras["judge"]) <= set(extras["all"])
 
 
 def test_each_plugin_has_an_entry_point_named_after_its_distribution():

@@ -16,9 +16,10 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {"RewardScorer": "scoring", "component_specs": "scoring", "load_reward_fn": "scoring",
-         "overlong_penalty": "scoring", "place_scores": "scoring", "ComponentSpec": "calls", "CallError": "calls", "RewardContext": "calls",
-         "GROUND_TRUTH_KEYS": "calls", "ground_truth_value": "calls", "RewardPool": "pool",
-         "ByteTokenizer": "texts", "as_responses": "texts"}
+         "overlong_penalty": "scoring", "place_scores": "scoring", "ComponentSpec": "calls", "CallError": "calls",
+         "RewardContext": "calls", "call_checked": "calls", "call_batched": "calls", "call_style": "calls",
+         "load_function": "calls", "BATCHED_STYLES": "calls", "GROUND_TRUTH_KEYS": "calls",
+         "ground_truth_value": "calls", "RewardPool": "pool", "ByteTokenizer": "texts", "as_responses": "texts"}
 __all__ = list(_LAZY)
 
 

@@ -165,7 +165,7 @@ def judge(prompts: list[str], responses: list[str], samples: list[dict], setting
 def _score_fallback(out: list, failed: list[int], prompts, responses, samples, settings: JudgeSettings) -> None:
     """Step 5 with a fallback: each failed row's score from it, with fallback/<kind> = 1 (0 for the other kinds
     and on every judged row); a fallback that fails too leaves the row failed, both messages kept."""
-    from nanoverl_core.reward.calls import BATCHED_STYLES, call_batched, call_checked, call_style
+    from nanoverl_core.reward import BATCHED_STYLES, call_batched, call_checked, call_style
 
     for i, value in enumerate(out):
         kind = value.kind if isinstance(value, CallError) else ""
@@ -194,7 +194,7 @@ def _score_fallback(out: list, failed: list[int], prompts, responses, samples, s
 def _fallback(settings: JudgeSettings):
     """(function, ComponentSpec) of `fallback`: a file's function, or a registered reward with its default
     settings; loaded once per process."""
-    from nanoverl_core.reward.calls import ComponentSpec, load_function
+    from nanoverl_core.reward import ComponentSpec, load_function
 
     name = settings.fallback
     if ("fallback", name) not in _OPEN:

@@ -273,6 +273,6 @@ def check_reachable(settings: JudgeSettings) -> None:
     except urllib.error.HTTPError:
         return
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         raise ConfigError(f"reward.judge.base_url = {settings.base_url!r} is not reachable (GET {url}: {reason}); "
                           "start the judge server or fix the URL") from None
