@@ -211,6 +211,14 @@ def test_reward_pool_scores_in_process_and_in_pools():
     assert summary["sleep_5ms_speedup_2_workers"] > 0 and "busy_10us_overhead_s_per_step_2_workers" in summary
 
 
+@pytest.mark.skipif(importlib.util.find_spec("nanoverl_judge") is None, reason="needs nanoverl-judge")
+def test_judge_throughput_times_concurrency_and_a_repeated_run_on_the_cache():
+    (result,) = run("judge_throughput.py", "--requests", "16", "--latency-ms", "20", "--concurrency", "1", "8")
+    client = result["client"]
+    assert set(client["by_concurrency"]) == {"1", "8"}
+    assert client["repeated_run"]["cache_hit_rate"] == 1.0 and client["repeated_run"]["requests_sent_again"] == 0
+
+
 @pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft (pip install 'nanoverl-hf[lora]')")
 def test_lora_benchmark_counts_memory_and_times_both():
     memory, timing = run("lora.py", "--memory", "tiny", "--ranks", "4", "--time", "tiny", "--steps", "1", "--warmup", "0")
