@@ -41,9 +41,9 @@ def changelog_section(version: str) -> str:
 
 def released_headings() -> list[str]:
     """CHANGELOG.md's section headings, newest first, without the one of changes not released yet
-    ("## 0.3.0 (unreleased)", which may head the file)."""
+    ("## 0.3.0 (unreleased)" or "## Unreleased", which may head the file)."""
     headings = [part.split("\n", 1)[0] for part in CHANGELOG.read_text().split("\n## ")[1:]]
-    return [h for h in headings if not h.endswith("(unreleased)")]
+    return [h for h in headings if not h.endswith("(unreleased)") and h != "Unreleased"]
 
 
 def test_the_public_surface_is_the_one_this_version_ships():
