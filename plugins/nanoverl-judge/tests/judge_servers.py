@@ -5,6 +5,7 @@
 BEHAVIOUR:
     exact    grades like exact match: 10 when the answer to grade equals the reference answer, else 0
              (pointwise: "Score: N"; a group rubric: "Score i: N" per answer)
+    partial  pointwise, 10 x the share of the reference's characters the answer has in place (char_match)
     garbage  a chat completion whose text holds no score
     error    HTTP 500
     slow     answers after 30 s (past any test's timeout)
@@ -24,6 +25,13 @@ import re
 import socket
 
 BEHAVIOURS = ("exact", "garbage", "error", "slow")
+
+
+def partial_grade(rubric: str) -> str:
+    reference = re.search(r"Reference answer: (.*)", rubric).group(1).strip()
+    answer = re.search(r"Answer to grade: (.*)", rubric).group(1).strip()
+    hits = sum(a == b for a, b in zip(answer, reference))
+    return f"Score: {10 * hits / max(len(reference), len(answer), 1):.2f}"
 
 
 def behaviour_of(body: dict, behaviour: str) -> str:
@@ -67,7 +75,9 @@ def make_app(behaviour: str, log: str, die_after: int):
             return JSONResponse({"error": {"message": "scripted failure"}}, status_code=500)
         if got == "slow":
             await asyncio.sleep(30)
-        content = exact_grade(body["messages"][-1]["content"]) if got in ("exact", "slow") else "I like turtles."
+        rubric = body["messages"][-1]["content"]
+        content = partial_grade(rubric) if got == "partial" else exact_grade(rubric) if got in ("exact", "slow") \
+            else "I like turtles."
         return {"id": "x", "object": "chat.completion", "model": body.get("model"),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                              "finish_reason": "stop"}]}
@@ -77,7 +87,7 @@ def make_app(behaviour: str, log: str, die_after: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("behaviour", choices=[*BEHAVIOURS, "mixed"])
+    parser.add_argument("behaviour", choices=[*BEHAVIOURS, "mixed", "partial"])
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--die-after", type=int, default=0)
