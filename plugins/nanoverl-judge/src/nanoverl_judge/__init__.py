@@ -8,4 +8,4 @@
     server.py    a local Hugging Face model behind /v1/chat/completions on 127.0.0.1 (`serve`)
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
