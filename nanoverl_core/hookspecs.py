@@ -86,7 +86,8 @@ def register_advantage_estimators(register: Register) -> None:
     obj: a ``nanoverl_core.protocols.Estimator``, ``fn(batch: RLBatch, config: AlgorithmConfig) ->
     (advantages, returns)``, both ``(B, R)``, zero on padding; it reads ``loss_mask`` (the tokens that
     count), not ``response_mask``. Optional attributes: ``requires_critic``, ``requires_sum_pi_squared``,
-    ``requires_greedy_baseline``, ``check_config`` (see ``Estimator``).
+    ``requires_greedy_baseline``, ``requires_teacher``, ``requires_old_log_probs``, ``bind``, ``check_config``
+    (see ``Estimator``).
     """
 
 

@@ -289,6 +289,14 @@ class Estimator(Protocol):
       * ``requires_greedy_baseline``: True if it reads ``reward_baselines`` (B,), the score of one greedy
         response per prompt (uid); the trainer then generates and scores those every step after step 4
         (ReMax; timing/baseline_rollout, timing/baseline_reward and remax/ metrics).
+      * ``requires_teacher``: True if it reads ``teacher_log_probs`` (B, R), a `[teacher]`'s log-probs of the
+        sampled tokens (a pass of the step); it is then a ConfigError to select it without ``teacher.path``,
+        or to set ``teacher.path`` for an estimator without it.
+      * ``requires_old_log_probs``: True if it reads ``old_log_probs`` (pi_old's) to compute the advantages;
+        the trainer then runs the old-log-prob pass even in an on-policy step.
+      * ``bind``: ``bind(config: Config, registry) -> Estimator``, what the run uses instead of the
+        registered object, called once when the run resolves its plugins (an estimator built on another
+        registered one: ``distill``'s task estimator).
       * ``check_config``: ``check_config(config: Config)`` raises ConfigError when the config cannot work
         with it; called before anything loads.
     """

@@ -172,12 +172,9 @@ class Trainer:
                 metrics.update(added(batch, self.greedy_baseline(batch, timing)))
             with timed(timing, "old_log_probs"):                                # 5. (~0 s on-policy: the
                 batch.update(self.old_log_probs(batch, plan))                   #    update's own forward)
-            if plan.reference:
-                with timed(timing, "ref_log_probs"):
-                    batch["ref_log_probs"] = workers.reference.compute_log_probs(batch)  # 6.
-            if plan.teacher:
-                with timed(timing, "teacher_log_probs"):
-                    batch["teacher_log_probs"] = workers.teacher.compute_log_probs(batch)  # 6. distillation
+            for column, frozen in self.frozen_passes(plan):                     # 6. reference, teacher
+                with timed(timing, column):
+                    batch[column] = frozen.compute_log_probs(batch)
             if plan.critic:
                 with timed(timing, "values"):
                     batch["values"] = workers.critic.compute_values(batch)
@@ -275,6 +272,13 @@ class Trainer:
             old, sum_pi_squared = actor.compute_log_probs_and_sum_pi_squared(batch)
             return RLBatch({"old_log_probs": old, "sum_pi_squared": sum_pi_squared})
         return RLBatch({"old_log_probs": actor.compute_log_probs(batch)}) if plan.old_log_probs == "pass" else RLBatch()
+
+    def frozen_passes(self, plan) -> list[tuple[str, Any]]:
+        """Step 6's passes of frozen policies, (column, worker): the reference's (KL terms) and the teacher's
+        (on-policy distillation), each where the plan runs it."""
+        return [(column, worker) for column, worker, on in (("ref_log_probs", self.workers.reference, plan.reference),
+                                                            ("teacher_log_probs", self.workers.teacher, plan.teacher))
+                if on]
 
     def generate(self, batch: RLBatch, gen_round: int = 0) -> RLBatch:
         """Responses for every row. Under torchrun each rank samples its share of the rows and every
