@@ -33,6 +33,6 @@ def test_a_two_rank_teacher_equals_the_one_process_teacher(tmp_path, testkit_sit
          f"trainer.output_dir={tmp_path / 'one'}"], timeout=150, **plugin)
     run(torchrun(2, "-m", "nanoverl_core.cli", *args, f"trainer.output_dir={tmp_path / 'two'}"), timeout=150, **plugin)
     one = read_metrics(tmp_path / "one")
-    assert one[1]["teacher/reverse_kl"] > 0.1                           # a teacher unlike the student
+    assert one[1]["teacher/reverse_kl"] > 1e-3                          # a teacher unlike the student (0 if equal)
     assert check_same_run(tmp_path / "one", tmp_path / "two", atol=1e-5, rtol=1e-5) > 20
     assert abs(read_metrics(tmp_path / "two")[2]["teacher/reverse_kl"] - one[2]["teacher/reverse_kl"]) < 1e-5
