@@ -102,6 +102,7 @@ def hf_lora(session):
     _setup(session, "hf", "fsdp")
     session.run("python", "-m", "pip", "install", "-q", "--no-deps", *LORA_DEPS, env=ENV)
     _pytest(session, "plugins/nanoverl-hf/tests/test_lora.py")
+    _pytest(session, "plugins/nanoverl-hf/tests/test_teacher.py", "-k", "lora")  # a LoRA adapter as the teacher
     _pytest(session, "plugins/nanoverl-fsdp/tests/test_lora.py")
 
 

@@ -42,6 +42,8 @@ def components() -> list[tuple[str, str, str, type, bool]]:
         for name in registry.names(kind):
             cls = registry.settings_class(kind, name)
             if cls is not None:
+                attrs.resolve_types(cls)  # as loading a config does: string annotations become types now, so
+                # every draw sees the same field types (a Literal's choices, not a string's values)
                 provider = registry.entry(kind, name).provider
                 out.append((section, kind, name, cls, provider in STARTS_ON_DEBUG))
     return out

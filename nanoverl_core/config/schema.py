@@ -331,12 +331,12 @@ class TeacherConfig:
     distillation: algorithm.advantage_estimator = "distill"; docs/algorithms.md#on-policy-distillation)."""
 
     path: str = attrs.field(default="", validator=teacher_source)
-    """"" (no teacher); a Hugging Face model folder or a .gguf file whose tokenizer is the student's (the hf and
-    fsdp workers load it; another tokenizer is refused: the two models score the same token ids); a peft LoRA
-    adapter folder (adapter_config.json) trained on the student's model.path (hf, fsdp: merged into a copy of
-    it); or a nanoverl checkpoint (checkpoints/step_<N>) or run directory (its newest complete checkpoint): the
-    policy it saved, on the student's architecture (model.path), with any worker. Frozen; sharded like the
-    reference under fsdp; scored at rollout.temperature, as the student's log-probs are."""
+    """"" (no teacher); a Hugging Face model folder or a .gguf file whose tokenizer is the student's (a worker that
+    loads models loads it; another tokenizer is refused: the two models score the same token ids); a peft LoRA
+    adapter folder (adapter_config.json) trained on the student's model.path (merged into a copy of it); or a
+    nanoverl checkpoint (checkpoints/step_<N>) or run directory (its newest complete checkpoint): the policy it
+    saved, on the student's architecture (model.path), with any worker. Frozen (a data-parallel worker shards
+    it like the reference); scored at rollout.temperature, as the student's log-probs are."""
 
     @property
     def enable(self) -> bool:
