@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +57,7 @@ def summary(rows: list[dict], target: float) -> dict:
     train_s = sum(r.get("timing/step", 0.0) for r in rows if reached is not None and 0 < r["step"] <= reached)
     return {"val_greedy": curve, "final": curve[max(curve)], "steps_to_target": reached,
             "train_s_to_target": round(train_s, 1) if reached is not None else None,
-            "step_s_median": round(sorted(r["timing/step"] for r in rows if "timing/step" in r)[len(rows) // 2 - 1], 1),
+            "step_s_median": round(statistics.median(r["timing/step"] for r in rows if "timing/step" in r), 1),
             "load_avg_1m_end": round(os.getloadavg()[0], 2)}
 
 

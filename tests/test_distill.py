@@ -105,6 +105,18 @@ def test_the_student_moves_toward_a_trained_teacher(tmp_path):
     assert first > 0.05 and last < first / 3, (first, last)
 
 
+def test_eval_does_not_load_the_teacher(tmp_path):
+    """eval scores the policy alone: a teacher checkpoint it would fail to load is never read."""
+    (tmp_path / "teacher" / "state.json").parent.mkdir()
+    (tmp_path / "teacher" / "state.json").write_text("{}")     # a checkpoint without the policy's weights
+    out = run_cli("eval", "--config", str(CONFIG), "--json", "data.val_batch_size=8", f"teacher.path={tmp_path / 'teacher'}",
+                  "algorithm.advantage_estimator=distill", timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    train = run_cli("--config", str(CONFIG), f"trainer.output_dir={tmp_path / 'out'}", f"teacher.path={tmp_path / 'teacher'}",
+                    "algorithm.advantage_estimator=distill")
+    assert train.returncode != 0                               # the trainer does read it
+
+
 @pytest.mark.parametrize("overrides, expected", [
     (["algorithm.advantage_estimator=distill"], "needs a teacher; set teacher.path"),
     (["teacher.path={run}"], "does not read a teacher; use \"distill\""),

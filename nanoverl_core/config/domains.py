@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -160,7 +160,7 @@ class PathKind:
         if self.kind == "data_file" and (not path.is_file() or path.suffix not in DATA_SUFFIXES):
             raise OutOfDomain(name, f"{value!r} is {what}, not a data file ({' / '.join(DATA_SUFFIXES)}"
                                     f"{'; name the files in it' if path.is_dir() else ''})")
-        if self.kind == "teacher" and path.is_dir() and any((path / name).exists() for name in TEACHER_MARKS):
+        if self.kind == "teacher" and teacher_folder(path) is not None:
             return                                      # a nanoverl checkpoint or run directory, a LoRA adapter
         if self.kind in ("model", "teacher") and (path.suffix != ".gguf" if path.is_file()
                                                   else not (path / "config.json").is_file()):
@@ -215,5 +215,12 @@ model_source = PathKind("model")
 teacher_source = PathKind("teacher")
 """A model source, a nanoverl checkpoint (state.json) or run directory (checkpoints/), or a peft LoRA adapter
 folder (adapter_config.json) (teacher.path)."""
-TEACHER_MARKS = ("state.json", "checkpoints", "adapter_config.json")
-"""What marks a teacher.path folder that is not a model folder."""
+
+
+def teacher_folder(path: Path) -> Literal["checkpoint", "adapter"] | None:
+    """What a teacher.path folder is when it is not a model folder: a nanoverl checkpoint (state.json) or run
+    directory (checkpoints/), or a peft LoRA adapter (adapter_config.json); None for anything else."""
+    path = Path(path).expanduser()
+    if (path / "state.json").is_file() or (path / "checkpoints").is_dir():
+        return "checkpoint"
+    return "adapter" if (path / "adapter_config.json").is_file() else None

@@ -14,7 +14,8 @@ from typing import Any, Literal, get_args
 import attrs
 
 from .components import COMPONENTS, settings_by_name
-from .domains import above, at_least, between, data_files, finite, folder, model_source, python_file, teacher_source
+from .domains import (above, at_least, between, data_files, finite, folder, model_source, python_file,
+                      teacher_folder, teacher_source)
 from .rules import check_config
 from .structure import converter
 
@@ -345,14 +346,13 @@ class TeacherConfig:
     @property
     def adapter(self) -> bool:
         """path names a peft LoRA adapter folder (the worker merges it into a copy of the student's model)."""
-        return self.enable and (Path(self.path).expanduser() / "adapter_config.json").is_file()
+        return self.enable and teacher_folder(self.path) == "adapter"
 
     @property
     def from_checkpoint(self) -> bool:
         """path names a nanoverl checkpoint or run directory (the worker builds the student's architecture and
         the trainer loads the checkpoint's policy into it), not a model."""
-        path = Path(self.path).expanduser()
-        return self.enable and path.is_dir() and ((path / "state.json").is_file() or (path / "checkpoints").is_dir())
+        return self.enable and teacher_folder(self.path) == "checkpoint"
 
 
 Level = Literal["off", "token", "sequence", "geometric"]

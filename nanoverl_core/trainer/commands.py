@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import torch
 
-from ..config import Config, config_from_dict, drop_moved_keys
+from ..config import Config, TeacherConfig, config_from_dict, drop_moved_keys
 from ..config.domains import unwritable
 from ..data import load_split
 from ..dist import is_rank0
@@ -52,7 +52,7 @@ def run_eval(config: Config, registry: Registry, checkpoint: Path | None = None,
     torch.manual_seed(config.trainer.seed)
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
-    workers = build_workers(plugins, config)
+    workers = build_workers(plugins, attrs.evolve(config, teacher=TeacherConfig()))   # eval reads no teacher
     rollout = build_rollout(plugins, config, workers)
     try:
         if ckpt is not None:

@@ -7,10 +7,11 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from nanoverl_judge import server
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
@@ -28,16 +29,9 @@ class Server:
 
 
 def wait_until_up(url: str, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/models", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up")
+    why = server.wait_until_up(url, proc, timeout)
+    if why is not None:
+        raise RuntimeError(f"{url}: {why}")
 
 
 @pytest.fixture

@@ -164,22 +164,30 @@ def start(folder: str, batch_size: int = 8, *, request_log: str = "", timeout_s:
     return proc, base_url
 
 
-def _wait(proc, base_url: str, timeout_s: float, folder: str) -> None:
+def wait_until_up(base_url: str, proc=None, timeout_s: float = 60) -> str | None:
+    """Poll `base_url`/models until the server answers: None, or why it never did (`proc` exited, or the time
+    ran out)."""
     import urllib.request
-
-    from nanoverl_core.errors import RewardError
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RewardError(f"reward.judge.serve = {folder!r}: the judge server exited ({proc.returncode})")
+        if proc is not None and proc.poll() is not None:
+            return f"the judge server exited ({proc.returncode})"
         try:
             with urllib.request.urlopen(base_url + "/models", timeout=2):
-                return
+                return None
         except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RewardError(f"reward.judge.serve = {folder!r}: the judge server did not answer within {timeout_s:g}s")
+            time.sleep(0.05)
+    return f"the judge server did not answer within {timeout_s:g}s"
+
+
+def _wait(proc, base_url: str, timeout_s: float, folder: str) -> None:
+    from nanoverl_core.errors import RewardError
+
+    why = wait_until_up(base_url, proc, timeout_s)
+    if why is not None:
+        proc.kill()
+        raise RewardError(f"reward.judge.serve = {folder!r}: {why}")
 
 
 if __name__ == "__main__":
