@@ -27,6 +27,9 @@ Tensor keys used by the trainer (B = rows, P = prompt length, R = response lengt
                                       ranks (dist.shard_rollout): an engine that seeds each request uses it
     episode_key        (B,)   int64   in each turn's batch of a multi-turn episode, one value per episode
                                       (an engine's `turn_cache` keeps each key's KV cache between turns)
+    episode_row        (B,)   int64   an agent rollout's: the input row each row belongs to; an episode split
+                                      into several rows (its calls did not all extend one another) has
+                                      consecutive rows with one value (rollout.rollout_rows, split_inputs)
     score              (B,)   float   the row's sequence score, the reward stage's (an episode's with its
                                       environment's rewards)
     token_level_scores (B, R) float   the reward score on the last valid response token
@@ -150,6 +153,17 @@ class RLBatch:
         if size <= 0:
             raise ValueError(f"split size must be positive, got {size}")
         return [self.index(slice(i, i + size)) for i in range(0, len(self), size)]
+
+    def split_inputs(self, size: int) -> list[RLBatch]:
+        """Consecutive chunks of `size` input rows: the rows one agent episode was split into (consecutive,
+        with one `episode_row`: rollout.rollout_rows) count as one and stay together. Without that column,
+        `split(size)`."""
+        if "episode_row" not in self:
+            return self.split(size)
+        source = self["episode_row"].tolist()
+        starts = [i for i in range(len(source)) if i == 0 or source[i] != source[i - 1]]
+        bounds = starts[::size] + [len(source)]
+        return [self.index(slice(a, b)) for a, b in zip(bounds, bounds[1:])]
 
     def repeat_interleave(self, n: int) -> RLBatch:
         """Each row repeated n times in place: rows [a, b] -> [a, a, b, b] for n=2."""

@@ -157,7 +157,12 @@ def shard_rollout(generate, batch, *, pad_token_id: int, seed: tuple[int, ...], 
     rows, real = rank_rows(len(batch))
     with fork_rng():
         torch.manual_seed(hash((*seed, rank())) & 0x7FFF_FFFF_FFFF_FFFF)  # int tuples hash alike in every process
-        out = generate(batch.index(rows)).to("cpu").index(slice(0, real))
+        out = generate(batch.index(rows)).to("cpu")
+    if "episode_row" in out:                   # an agent rollout's rows, several for an input row that split
+        out = out.index(out["episode_row"] < real)
+        out["episode_row"] = torch.tensor(rows)[out["episode_row"]]
+    else:
+        out = out.index(slice(0, real))
     parts: list = [None] * world_size()
     dist.all_gather_object(parts, out)
     for key in [k for k, v in out.tensors.items() if v.dim() == 2]:  # (rows, R): R differs between ranks

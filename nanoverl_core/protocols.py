@@ -166,7 +166,9 @@ class Rollout(Protocol):
         them with `nanoverl_core.responses_to_batch`. Sampling seeds come from torch's global generator; a
         greedy call draws nothing from it. Under torchrun a sampled batch also holds `sample_seed`
         (B,) int64, the same for a row on any number of ranks (`dist.shard_rollout`); an
-        engine that seeds each request should use it."""
+        engine that seeds each request should use it. A rollout that answers a row with several (an agent's
+        episode that split) returns them consecutively, each naming its input row in `episode_row` (B',)
+        int64 (`nanoverl_core.rollout.rollout_rows` joins them to the batch)."""
 
     def sync_weights(self, actor: Actor) -> None:
         """Make the next `generate` use the actor's current weights (`actor.full_tensors()`)."""

@@ -8,7 +8,8 @@ covers every token the rollout produced, up to and including EOS, and keeps that
 step), ``truncated`` (``(B,)`` bool: the row ended without a stop token), built with
 ``responses_to_batch`` so every engine builds them the same way, and optionally ``rollout_log_probs``.
 Each column's meaning: nanoverl_core.batch. A rollout never writes ``loss_mask`` (the trainer derives it);
-a multi-turn episode adds ``model_mask`` and its other columns (nanoverl_core.env.episode).
+a multi-turn episode adds ``model_mask`` and its other columns (nanoverl_core.env.episode). An agent's
+episode may answer its row with several consecutive rows, each naming it in ``episode_row`` (``rollout_rows``).
 """
 
 from __future__ import annotations
@@ -114,6 +115,22 @@ def check_rollout_columns(out: RLBatch, name: str) -> RLBatch:
                            "reports the tokens its model sampled as 'model_mask' (1 on the model's tokens, 0 on an "
                            "environment's) and the trainer derives loss_mask: rename the column (CHANGELOG.md)")
     return out
+
+
+def rollout_rows(batch: RLBatch, out: RLBatch, *, split_rows: bool) -> RLBatch:
+    """`batch` with the columns a rollout generated for it (`out`). A rollout may return several rows for one
+    input row, each naming it in `episode_row` (an agent's episode whose calls did not all extend one another:
+    nanoverl_core.agents.rollout). In training (`split_rows`) the input row is repeated for each, so every one
+    joins its group (uid) and the loss; elsewhere (validation, eval, a greedy baseline: one answer a sample)
+    each input row takes its last row, the episode's end."""
+    if "episode_row" in out and len(out) != len(batch):
+        source = out["episode_row"].tolist()
+        if split_rows:
+            batch = batch.index(source)
+        else:
+            out = out.index([i for i in range(len(out)) if i + 1 == len(out) or source[i + 1] != source[i]])
+    batch.update(out)
+    return batch
 
 
 def decode_responses(tokenizer, batch: RLBatch) -> list[str]:

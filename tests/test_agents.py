@@ -53,6 +53,32 @@ def test_an_agent_on_the_debug_backends_trains_through_completions_calls(tmp_pat
     assert all(m["episode/env_tokens/mean"] == 1.0 for m in metrics)   # the "=" between the two completions
 
 
+SPLITTING = '''
+def agent(row, client):
+    client.completions.create(model="m", prompt=row["prompt"], max_tokens=2)
+    # a prompt that does not extend the first call's: the episode's second row
+    second = client.completions.create(model="m", prompt="?" + row["prompt"], max_tokens=2)
+    return 1.0 if second.choices[0].text else 0.0
+'''
+
+
+def test_episodes_that_split_train_one_row_each_part_with_mini_batches_and_validation(tmp_path):
+    """Every episode splits at its second call: two rows per episode in training (PPO with a critic and two
+    mini-batches a step, the input row repeated for each: rollout_rows), one answer per episode in validation."""
+    path = tmp_path / "agent.py"
+    path.write_text(SPLITTING)
+    proc = run_cli("--config", DEBUG, f"trainer.output_dir={tmp_path / 'run'}", "trainer.total_steps=2",
+                   "trainer.val_every=2", "data.val_max_samples=8", "trainer.save_every=0", "trainer.progress=none",
+                   "tracking.trackers=[jsonl]", "data.batch_size=4", "rollout.n=2", "rollout.max_new_tokens=8",
+                   "actor.mini_batch_size=2", "critic.mini_batch_size=2", f"agent.file={path}",
+                   "agent.function=agent", "agent.score_answer=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = read_metrics(tmp_path / "run")
+    assert all(m["episode/splits/mean"] == 1.0 and m["episode/errors"] == 0.0 for m in metrics)
+    assert all(m["episode/turns/mean"] == 1.0 for m in metrics)          # one model turn in each row
+    assert "val/reward/mean" in metrics[-1]
+
+
 @pytest.mark.parametrize("overrides,needles", [
     (["agent.file=missing.py", "agent.function=f"], ["agent.file", "missing.py"]),
     (["agent.file={agent}", "agent.function=nope"], ["agent.function", "'nope'", "its functions: agent"]),

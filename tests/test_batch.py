@@ -65,3 +65,19 @@ def test_update_pop_and_to():
     assert b.to("cpu")["x"].device.type == "cpu"
     with pytest.raises(KeyError, match="no column 'zz'"):
         b["zz"]
+
+
+def test_a_rollout_that_splits_rows_joins_them_to_their_input_rows():
+    """rollout_rows: an agent rollout's rows name their input row (`episode_row`); training repeats the input row
+    for each (uid, data row), evaluation keeps each input row's last; split_inputs keeps them in one chunk."""
+    from nanoverl_core.rollout import rollout_rows
+
+    out = RLBatch({"responses": torch.tensor([[1], [2], [3], [4], [5]]), "episode_row": torch.tensor([0, 1, 1, 1, 2])})
+    trained = rollout_rows(make(3), out, split_rows=True)
+    assert trained["uid"] == ["u0", "u1", "u1", "u1", "u2"] and trained["x"][:, 0].tolist() == [0, 2, 2, 2, 4]
+    assert [part["responses"][:, 0].tolist() for part in trained.split_inputs(2)] == [[1, 2, 3, 4], [5]]
+    assert [len(part) for part in trained.split_inputs(1)] == [1, 3, 1]
+    kept = rollout_rows(make(3), out, split_rows=False)
+    assert kept["uid"] == ["u0", "u1", "u2"] and kept["responses"][:, 0].tolist() == [1, 4, 5]
+    plain = make(4)
+    assert [p["uid"] for p in plain.split_inputs(3)] == [["u0", "u1", "u2"], ["u3"]]   # no episode_row: split(3)

@@ -17,6 +17,12 @@ With [agent] set, the trainer wraps the selected rollout (`rollout.name`: hf, vl
    (`model_mask` 1), everything else the endpoint rendered around them (0), the engine's log-probs, and
    the agent's reward (agent.reward_weight x the number it returned) on the row's last model token. The
    row's `prompts` (and `prompt_text`) are the first call's prompt, what the model actually read.
+   An episode whose agent sent a call that does not extend its row (agents/transcript.py, `Split`) has
+   one row per run of calls that merge, each from its first call's prompt: the rows follow one another
+   in the batch, `episode_row` names the input row of each (the trainer repeats that row for them:
+   rollout.rollout_rows), every row of the episode has its reward (the agent's on each row's last model
+   token; [reward] scores the episode's last reply, `final_text`, on every row), and
+   `episode/splits` counts the splits.
 
 Sampling is the run's (rollout.temperature, top_p, top_k; rollout.val_* in validation): a request's own
 temperature or top_p is counted (`episode/sampling_overridden/mean`) and not used, so the log-probs the
@@ -27,9 +33,9 @@ no room left is answered at once with an empty completion, `finish_reason` "leng
 An episode fails, with its kind, when its agent raises, runs past agent.timeout_s (`timeout`), returns
 something that is not a reward (`invalid`), kills its worker (`crash`), never calls the model
 (`no_calls`), calls it after it ended (`late`), more than agent.max_calls times (`flood`), with a
-request the endpoint refuses (`refused`), or with a history that does not extend its previous call
-(`split`): agent.on_error = "raise" stops the run with one line, "zero" scores the row 0, counts the
-kind in `episode/error_<kind>/rate` and writes it to reward_errors.jsonl.
+request the endpoint refuses (`refused`), or while another of its calls runs (`concurrent`):
+agent.on_error = "raise" stops the run with one line, "zero" scores the row 0, counts the kind in
+`episode/error_<kind>/rate` and writes it to reward_errors.jsonl.
 """
 
 from __future__ import annotations
@@ -52,7 +58,8 @@ from ..processes import WorkerPool
 from ..rollout import SamplingParams, stop_token_ids
 from .runner import GRACE_S
 from .source import AgentSource
-from .transcript import CallRefused, Choice, Transcript, assistant_message, forced_opening, uses_template_tools
+from .transcript import (CallRefused, Choice, Split, Transcript, assistant_message, forced_opening,
+                         uses_template_tools)
 
 SEED_STRIDE = 1_000_003
 """Call c of a row seeded by a `sample_seed` column samples choice j with `sample_seed + c * SEED_STRIDE + j`."""
@@ -73,7 +80,9 @@ class Episode:
     error: tuple[str, str] | None = None
     info: Counter = attrs.Factory(Counter)
     busy: bool = False
-    """A call of the episode is being rendered, queued or sampled (a second one at once cannot merge)."""
+    """A call of the episode is being rendered, queued or sampled (a second one at once is refused)."""
+    rows: list[Transcript] = attrs.Factory(list)
+    """The rows the episode ended before `transcript`, the one its calls now extend (each split starts one)."""
 
 
 @attrs.define(eq=False)
@@ -236,9 +245,9 @@ class AgentRollout:
                     raise CallRefused(409, "episode_ended", "the agent called the model after its episode ended",
                                       "late")
                 if episode.busy:
-                    raise CallRefused(400, "history_not_extended", "the agent sent a call while another call of its "
-                                      "episode was running: nanoverl trains an episode whose calls extend one another "
-                                      "(docs/agents.md, 'What merges')", "split")
+                    raise CallRefused(400, "concurrent_call", "the agent sent a call while another call of its "
+                                      "episode was running: an episode's calls follow one another (docs/agents.md, "
+                                      "'What merges and what splits')", "concurrent")
                 episode.busy = reserved = True
             call = self._call(episode, route, body)
         except Exception as exc:
@@ -288,8 +297,9 @@ class AgentRollout:
         episode.calls += 1
         episode.info["calls"] += 1.0
         if len(episode.transcript.prompt) > self.max_prompt:
-            raise CallRefused(400, "context_length_exceeded", f"the first call's prompt is {len(episode.transcript.prompt)} "
-                                                              f"tokens, over agent.max_prompt_tokens={self.max_prompt}")
+            raise CallRefused(400, "context_length_exceeded", f"the row's first prompt is "
+                                                              f"{len(episode.transcript.prompt)} tokens, over "
+                                                              f"agent.max_prompt_tokens={self.max_prompt}")
         forced = list(self.tokenizer.encode(opening, add_special_tokens=False)) if opening else []
         room = 0 if prompt is None else self.budget - len(episode.transcript.tokens) - len(forced)
         return Call(episode, route, (prompt or []) + forced, n, min(max_tokens or room, room), stop, tools,
@@ -305,7 +315,10 @@ class AgentRollout:
                 ids = text
             else:
                 raise CallRefused(400, "invalid_value", "prompt must be a string or a list of token ids")
-            return episode.transcript.completion_prompt(ids), [], ""
+            try:
+                return episode.transcript.completion_prompt(ids), [], ""
+            except Split:
+                return self._new_row(episode).completion_prompt(ids), [], ""
         messages, tools = body.get("messages"), body.get("tools") or []
         if not isinstance(messages, list) or not messages:
             raise CallRefused(400, "invalid_value", "messages must be a non-empty list of messages")
@@ -315,8 +328,20 @@ class AgentRollout:
                                                     '{"name": ..., "parameters": {...}}}')
         tools = [] if body.get("tool_choice") == "none" else tools
         opening = forced_opening(body.get("tool_choice"), tools)
-        prompt = episode.transcript.chat_prompt(self.tokenizer, messages, tools, self.tool_format, self.stop_ids)
+        render = (self.tokenizer, messages, tools, self.tool_format, self.stop_ids)
+        try:
+            prompt = episode.transcript.chat_prompt(*render)
+        except Split:
+            prompt = self._new_row(episode).chat_prompt(*render)
         return prompt, tools, opening
+
+    def _new_row(self, episode: Episode) -> Transcript:
+        """Split the episode: its row ends with the completion its agent last got, and a new, empty one follows."""
+        episode.transcript.commit()
+        episode.rows.append(episode.transcript)
+        episode.transcript = Transcript(budget=self.budget)
+        episode.info["splits"] += 1.0
+        return episode.transcript
 
     # ---- the engine's side (this thread) -----------------------------------------------------------------
     def _sample(self, batch: RLBatch, calls: list[Call], params: SamplingParams) -> None:
@@ -412,16 +437,17 @@ class AgentRollout:
 
     def _to_batch(self, batch: RLBatch, episodes: list[Episode]) -> RLBatch:
         self._settle(batch, episodes)
-        prompts = [e.transcript.prompt or ids[m.bool()].tolist()
-                   for e, ids, m in zip(episodes, batch["prompts"], batch["prompt_mask"])]
-        width, plen = max(1, max(len(e.transcript.tokens) for e in episodes)), max(len(p) for p in prompts)
-        shape = (len(episodes), width)
+        rows = [(e, t) for e in episodes for t in (*e.rows, e.transcript)]   # an episode's rows in order
+        prompts = [t.prompt or batch["prompts"][e.index][batch["prompt_mask"][e.index].bool()].tolist()
+                   for e, t in rows]
+        width, plen = max(1, max(len(t.tokens) for _, t in rows)), max(len(p) for p in prompts)
+        shape = (len(rows), width)
         ids = torch.full(shape, self.tokenizer.pad_token_id, dtype=torch.long)
-        pids = torch.full((len(episodes), plen), self.tokenizer.pad_token_id, dtype=torch.long)
-        pmask = torch.zeros((len(episodes), plen), dtype=torch.long)
+        pids = torch.full((len(rows), plen), self.tokenizer.pad_token_id, dtype=torch.long)
+        pmask = torch.zeros((len(rows), plen), dtype=torch.long)
         response_mask, model_mask, log_probs, rewards = (torch.zeros(shape) for _ in range(4))
-        for row, (e, prompt) in enumerate(zip(episodes, prompts)):
-            t, n = e.transcript, len(e.transcript.tokens)
+        for row, ((e, t), prompt) in enumerate(zip(rows, prompts)):
+            n = len(t.tokens)
             pids[row, plen - len(prompt):], pmask[row, plen - len(prompt):] = torch.tensor(prompt), 1
             ids[row, :n] = torch.tensor(t.tokens, dtype=torch.long)
             response_mask[row, :n] = 1.0
@@ -432,20 +458,21 @@ class AgentRollout:
             if e.error is None and reward is not None and last is not None:
                 rewards[row, last] = reward * self.cfg.reward_weight
         label = self.source.label
+        final = {e.eid: next((turn["text"] for t in (e.transcript, *reversed(e.rows)) for turn in reversed(t.turns)
+                              if turn["role"] == "model"), "") for e in episodes}
+        error = {e.eid: None if e.error is None else
+                 f"{e.error[0]}: agent {label!r} on data row {batch['index'][e.index]}: {e.error[1]}" for e in episodes}
         out = RLBatch({"prompts": pids, "prompt_mask": pmask, "responses": ids, "response_mask": response_mask,
                        "model_mask": model_mask, "turn_rewards": rewards,
-                       "truncated": torch.tensor([e.transcript.truncated for e in episodes]),
-                       "num_turns": torch.tensor([sum(t["role"] == "model" for t in e.transcript.turns)
-                                                  for e in episodes]),
-                       "episode_failed": torch.tensor([e.error is not None for e in episodes])},
+                       "truncated": torch.tensor([t.truncated for _, t in rows]),
+                       "num_turns": torch.tensor([sum(turn["role"] == "model" for turn in t.turns) for _, t in rows]),
+                       "episode_failed": torch.tensor([e.error is not None for e, _ in rows]),
+                       "episode_row": torch.tensor([e.index for e, _ in rows])},
                       {"prompt_text": [self.tokenizer.decode(p) for p in prompts],   # what the model read
-                       "final_text": [next((t["text"] for t in reversed(e.transcript.turns) if t["role"] == "model"), "")
-                                      for e in episodes],
-                       "episode": [e.transcript.turns for e in episodes],
-                       "episode_info": [dict(e.info) for e in episodes],
-                       "episode_error": [None if e.error is None else
-                                         f"{e.error[0]}: agent {label!r} on data row {batch['index'][e.index]}: "
-                                         f"{e.error[1]}" for e in episodes]})
+                       "final_text": [final[e.eid] for e, _ in rows],                 # the episode's last reply
+                       "episode": [t.turns for _, t in rows],
+                       "episode_info": [dict(e.info) for e, _ in rows],
+                       "episode_error": [error[e.eid] if t is e.transcript else None for e, t in rows]})
         if self.returns_log_probs:
             out["rollout_log_probs"] = log_probs
         return out

@@ -12,12 +12,13 @@ sampled:
   results, a user turn) *merges*: its prompt is the previous prompt, the sampled ids exactly, then only
   the new messages rendered as they follow an assistant turn (env/render.py's `render_answer`). The
   model reads what it would read from the template, and its earlier turns stay the ids it sampled;
-* any other call (the agent dropped, rewrote or summarised turns, changed the tools, sent a call
-  while another of its calls was running, or the template renders an assistant turn differently once
-  messages follow it) would need a new row starting from that call; such a call is refused as a
-  `split` (see docs/agents.md), and the episode's row keeps what merged before it.
+* any other call (the agent dropped, rewrote or summarised turns, changed the tools, or the template
+  renders an assistant turn differently once messages follow it) *splits* the episode (`Split`): its row
+  ends with the completion the agent last got, and a new row starts at this call, its prompt rendered from
+  the call's messages (agents/rollout.py; docs/agents.md, "What merges and what splits").
 
-`/v1/completions` calls merge when their prompt ids extend the previous prompt and response as tokens.
+`/v1/completions` calls merge when their prompt ids extend the previous prompt and response as tokens, and
+split otherwise.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ import attrs
 
 from ..env.render import RenderError, render_answer
 from ..env.tools import CALL, parse_calls, tool_prompt_from_schemas
+
+
+class Split(Exception):
+    """A call whose history does not extend its episode's row (why): the episode goes on in a new row."""
 
 
 class CallRefused(Exception):
@@ -216,7 +221,7 @@ class Transcript:
     def chat_prompt(self, tokenizer, messages: list[dict], tools: list[dict], tool_format: str,
                     stop_ids: list[int]) -> list[int] | None:
         """The prompt ids of a chat call (merging it, see the module docstring); None when the row has no room
-        left; CallRefused for a call that cannot join the row."""
+        left; Split for a call that cannot join the row."""
         history = [normal(m) for m in messages]
         if self.truncated:
             return None
@@ -229,14 +234,14 @@ class Transcript:
         chosen = next((c for c in self.choices if c.message is not None and len(history) > before
                        and history[:before] == self.history and history[before] == normal(c.message)), None)
         if chosen is None or tools != self.tools or any(m[0] == "assistant" for m in history[before + 1:]):
-            raise _split("the agent's messages do not extend its previous call's messages and the reply it got "
-                         "(a dropped, rewritten or inserted turn, or other tools)")
+            raise Split("the agent's messages do not extend its previous call's messages and the reply it got "
+                        "(a dropped, rewritten or inserted turn, or other tools)")
         new = messages[before + 1:]
         try:
             ids, text = render_answer(tokenizer, hermes_messages(new) if tool_format == "hermes" else
                                       template_messages(new), stop_ids) if new else ([], "")
         except RenderError as exc:
-            raise _split(str(exc)) from None
+            raise Split(str(exc)) from None
         self.commit(chosen)
         self.history = history
         return self._append(ids, text)
@@ -253,8 +258,8 @@ class Transcript:
         return self.context()
 
     def completion_prompt(self, ids: list[int]) -> list[int] | None:
-        """The prompt ids of a /v1/completions call (None: no room left); one that does not extend the row as
-        tokens is a split."""
+        """The prompt ids of a /v1/completions call (None: no room left); Split for one that does not extend the
+        row as tokens."""
         if self.truncated:
             return None
         if self.prompt is None:
@@ -263,11 +268,7 @@ class Transcript:
         chosen = next((c for c in self.choices if ids[:len(self.context()) + len(c.ids)] == self.context() + c.ids),
                       None)
         if chosen is None:
-            raise _split("the prompt does not extend the previous call's prompt and completion as tokens")
+            raise Split("the prompt does not extend the previous call's prompt and completion as tokens")
         self.commit(chosen)
         return self._append(ids[len(self.context()):], "")
 
-
-def _split(why: str) -> CallRefused:
-    return CallRefused(400, "history_not_extended", f"{why}: nanoverl trains an episode whose calls extend one "
-                                                    "another (docs/agents.md, 'What merges')", kind="split")

@@ -9,7 +9,7 @@ import torch
 
 from ..batch import RLBatch
 from ..dist import fork_rng, shard_rollout
-from ..rollout import SamplingParams
+from ..rollout import SamplingParams, rollout_rows
 from .batches import timed
 
 
@@ -30,8 +30,9 @@ def greedy_baseline(batch: RLBatch, rollout, scorer, tokenizer, params: Sampling
                                                                           "data_source", "uid")})
     greedy = attrs.evolve(params, temperature=0.0)
     with timed(timing, "baseline_rollout"), fork_rng():
-        prompts.update(shard_rollout(lambda b: rollout.generate(b, greedy), prompts,
-                                     pad_token_id=tokenizer.pad_token_id, seed=(seed, step, -1)))
+        prompts = rollout_rows(prompts, shard_rollout(lambda b: rollout.generate(b, greedy), prompts,
+                                                      pad_token_id=tokenizer.pad_token_id, seed=(seed, step, -1)),
+                               split_rows=False)
     with timed(timing, "baseline_reward"):
         scored, reward_metrics = scorer.score_batch(prompts, tokenizer, step, phase="baseline")
     by_uid = dict(zip(prompts["uid"], scored["score"].tolist()))

@@ -39,7 +39,7 @@ from ..dist import is_rank0, seed_everything, shard_rollout
 from ..errors import CheckpointError, NonFiniteError, RolloutError
 from ..plugins import Registry
 from ..processes import release_free_heap
-from ..rollout import SamplingParams, check_rollout_columns
+from ..rollout import SamplingParams, check_rollout_columns, rollout_rows
 from ..workers import compile_metrics
 from ..workers.precision import resolve_compute_dtype
 from .batches import (batch_metrics, concat_rounds, expand, informative_groups, merge_reward_metrics, rollout_metrics,
@@ -222,7 +222,7 @@ class Trainer:
         with timed(timing, "data"):
             batch = expand(self.next_batch(), self.config.rollout.n)           # 1-2. prompts, n samples each
         with timed(timing, "rollout"):
-            batch.update(self.generate(batch, gen_round))                      # 3. responses
+            batch = rollout_rows(batch, self.generate(batch, gen_round), split_rows=True)   # 3. responses
         with timed(timing, "reward"):
             scored, reward_metrics = self.score(batch)                         # 4. sequence scores
             batch.update(scored)

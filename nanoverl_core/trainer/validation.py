@@ -22,7 +22,7 @@ import torch
 from ..batch import is_episodes
 from ..data import collate
 from ..env import episode_metrics
-from ..rollout import SamplingParams, check_rollout_columns
+from ..rollout import SamplingParams, check_rollout_columns, rollout_rows
 from ..dist import fork_rng, is_rank0
 
 
@@ -68,10 +68,10 @@ def evaluate(config, rollout, tokenizer, scorer, data, params: SamplingParams, n
             batch = collate(data, indices, tokenizer.pad_token_id, config.data.data_source_key)
             batch["uid"] = [f"val-{i}" for i in indices]
             batch = batch.repeat_interleave(n)
-            batch.update(check_rollout_columns(rollout.generate(batch, params), config.rollout.name))
+            batch = rollout_rows(batch, check_rollout_columns(rollout.generate(batch, params), config.rollout.name),
+                                 split_rows=False)
             scored, reward_metrics = scorer.score_batch(batch, tokenizer, step, phase="val")
-            scores, texts = scored["score"], scored["response_text"]   # an episode's: with its environment's rewards
-            details = scored["reward_detail"]
+            scores, texts, details = scored["score"], scored["response_text"], scored["reward_detail"]  # with env rewards
             truncated += _tally(batch, reward_metrics, details, failures, extras, episodes)
             per_prompt = scores.view(-1, n)  # (prompts, n)
             passed += (per_prompt >= config.reward.pass_threshold).sum(1).tolist()

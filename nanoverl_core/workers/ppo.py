@@ -123,7 +123,7 @@ class _TorchWorker:
         (`parallel.my_share`) split into micro-batches, and the normalisers of the whole mini-batch
         (every rank holds it), so that the micro-batch losses of all ranks sum to the mini-batch's loss.
         The split is deterministic, so runs are reproducible."""
-        for mini in batch.split(self.mini_batch_prompts * self.config.rollout.n or len(batch)):
+        for mini in batch.split_inputs(self.mini_batch_prompts * self.config.rollout.n or len(batch)):
             norms = loss_totals(mini["loss_mask"])
             share = self.parallel.my_share(mini)
             yield [share.index(rows) for rows in self.micro_batches(share)], norms

@@ -168,17 +168,27 @@ FAULTS = """
                 messages = messages + [reply.choices[0].message.model_dump(exclude_none=True),
                                        {"role": "user", "content": "go"}]
                 reply = ask(messages)
-        if mode == "split":
-            ask([{"role": "user", "content": "a different start"}])
+        if mode == "concurrent":
+            import concurrent.futures, openai
+
+            follow = first + [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go"}]
+
+            def either(_):                  # the same next call twice at once: one merges, one is refused
+                try:
+                    ask(follow)
+                except openai.BadRequestError:
+                    pass
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                list(pool.map(either, range(2)))
         if mode == "refused":
             ask(first, n=99)
         if mode == "late":
             threading.Thread(target=lambda: (time.sleep(1), ask(first))).start()
         return 1.0
 """
-MODES = ["ok", "raise", "hang", "none", "wrong", "flood", "split", "refused", "late", "ok"]
+MODES = ["ok", "raise", "hang", "none", "wrong", "flood", "concurrent", "refused", "late", "ok"]
 KINDS = {"ok": None, "raise": "raised", "hang": "timeout", "none": "no_calls", "wrong": "invalid", "flood": "flood",
-         "split": "split", "refused": "refused", "late": "late"}
+         "concurrent": "concurrent", "refused": "refused", "late": "late"}
 
 
 def test_every_agent_fault_ends_in_its_row_with_its_kind_and_nothing_is_left_running(agent_model, make_config,
@@ -341,8 +351,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_an_agent_run_killed_mid_step_resumes_exactly(agent_model, tmp_path):
-    """nanoverl-train with an agent file on the hf engine: metrics and weights of a run SIGKILLed in step 3's
-    rollout and resumed equal the uninterrupted run's."""
+    """nanoverl-train with an agent file on the hf engine (half its episodes split into two rows): metrics and
+    weights of a run SIGKILLed in step 3's rollout and resumed equal the uninterrupted run's."""
     from safetensors.torch import load_file
 
     (tmp_path / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "target": str(2 * i)}) + "\n"
@@ -352,6 +362,8 @@ def test_an_agent_run_killed_mid_step_resumes_exactly(agent_model, tmp_path):
             messages = [{"role": "user", "content": row["prompt"]}]
             reply = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
             messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "?"}]
+            if int(row["target"]) % 4 == 0:      # half the agents restart from a rewritten history: a split
+                messages = [{"role": "user", "content": row["prompt"] + " again"}]
             client.chat.completions.create(model="m", messages=messages, max_tokens=4)
     """))
     args = [f"data.train_files=[{tmp_path / 'train.jsonl'}]", f"model.path={agent_model}", "worker.name=hf",
@@ -382,6 +394,7 @@ def test_an_agent_run_killed_mid_step_resumes_exactly(agent_model, tmp_path):
                 for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert rows(run_dir) == rows(reference)
     assert rows(reference)[-1]["episode/calls/mean"] == 2.0
+    assert any(row["episode/splits/mean"] > 0 for row in rows(reference))
     a, b = (load_file(str(d / "checkpoints" / "step_000004" / "actor" / "model.safetensors")) for d in (reference, run_dir))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -395,29 +408,80 @@ NOT_APPEND_ONLY = ("{% for m in messages %}{% if m['role'] == 'assistant' and no
 
 def test_a_template_that_rewrites_a_turn_once_messages_follow_it_splits_the_episode(make_config, tmp_path):
     """The second call's history extends the first, but under this template it cannot be appended to the
-    sampled ids: the call is refused as `split` (400, history_not_extended) and the row keeps the first call."""
+    sampled ids: the episode splits, the second call's row starting from its own rendering."""
     model = build_tiny_model(tmp_path / "model", alphabet=ALPHABET, hidden=32, max_positions=1024,
                              chat_template=NOT_APPEND_ONLY)
     code = """
-        import json, pathlib, openai
         def agent(row, client):
             messages = [{"role": "user", "content": "hi"}]
             reply = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
             messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go"}]
-            try:
-                client.chat.completions.create(model="m", messages=messages, max_tokens=4)
-            except openai.BadRequestError as exc:
-                pathlib.Path(row["out"]).write_text(exc.body["code"])
+            client.chat.completions.create(model="m", messages=messages, max_tokens=4)
             return 1.0
     """
-    rollout, workers = rollout_for(make_config, model, tmp_path, code, "agent.on_error=zero")
+    rollout, workers = rollout_for(make_config, model, tmp_path, code, "agent.on_error=zero", record=True)
     try:
-        out = rollout.generate(rows_batch(workers.tokenizer, [{"out": str(tmp_path / "code.txt")}]),
-                               SamplingParams(max_new_tokens=48, temperature=1.0))
+        out = rollout.generate(rows_batch(workers.tokenizer, [{}]), SamplingParams(max_new_tokens=48, temperature=1.0))
     finally:
         rollout.close()
-    assert (tmp_path / "code.txt").read_text() == "history_not_extended"
-    assert out["episode_error"][0].startswith("split: ") and int(out["num_turns"][0]) == 1
+    assert len(out) == 2 and out["episode_row"].tolist() == [0, 0] and not out["episode_failed"].any()
+    assert [info["splits"] for info in out["episode_info"]] == [1.0, 1.0]
+    for row in range(2):                          # each row: its own prompt, then the ids sampled for it
+        prompt = out["prompts"][row][out["prompt_mask"][row].bool()].tolist()
+        n = int(out["response_mask"][row].sum())
+        assert out["responses"][row, :n].tolist() == rollout.engine.sampled[tuple(prompt)][0]
+        assert out["model_mask"][row, :n].tolist() == [1.0] * n and float(out["turn_rewards"][row].sum()) == 1.0
+    assert "[" in workers.tokenizer.decode(out["prompts"][1])       # the rewritten first turn, rendered once
+
+
+REWRITING = """
+    def agent(row, client):
+        # call 2 extends call 1 (one row); call 3 restarts from a summary (a second row); call 4 extends call 3
+        ask = lambda messages: client.chat.completions.create(model="m", messages=messages, max_tokens=5)
+        messages = [{"role": "user", "content": row["q"]}]
+        for turn in range(4):
+            if turn == 2 and row["summarise"]:
+                messages = [{"role": "user", "content": row["q"] + " (summary)"}]
+            reply = ask(messages)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "on"}]
+        return 0.25
+"""
+
+
+def test_an_agent_that_rewrites_its_history_gets_one_row_per_run_of_merged_calls(agent_model, make_config, tmp_path):
+    """An episode whose agent restarts from a summary at its third call: two rows (calls 1-2 merged, calls 3-4
+    merged), each the sampled ids bit for bit, each with the agent's reward, next to an episode that merges
+    throughout; the trainer repeats the input row for the extra row (rollout_rows) and validation keeps the last."""
+    from nanoverl_core.rollout import rollout_rows
+
+    rollout, workers = rollout_for(make_config, agent_model, tmp_path, REWRITING, "rollout.max_new_tokens=200",
+                                   record=True)
+    tok = workers.tokenizer
+    batch = rows_batch(tok, [{"q": "a?", "summarise": True}, {"q": "b?", "summarise": False}])
+    batch["uid"] = ["u0", "u1"]
+    try:
+        torch.manual_seed(0)
+        out = rollout.generate(batch, SamplingParams(max_new_tokens=48, temperature=1.0))
+    finally:
+        rollout.close()
+    assert out["episode_row"].tolist() == [0, 0, 1] and out["num_turns"].tolist() == [2, 2, 4]
+    assert [info.get("splits", 0.0) for info in out["episode_info"]] == [1.0, 1.0, 0.0]
+    assert [float(r.sum()) for r in out["turn_rewards"]] == [0.25] * 3
+    assert out["final_text"][0] == out["final_text"][1]        # [reward] scores the episode's last reply on both
+    second = tok.encode(render_chat(tok, [{"role": "user", "content": "a? (summary)"}], [], "hermes"),
+                        add_special_tokens=False)
+    assert out["prompts"][1][out["prompt_mask"][1].bool()].tolist() == second
+    for row in range(3):
+        prompt = out["prompts"][row][out["prompt_mask"][row].bool()].tolist()
+        n = int(out["response_mask"][row].sum())
+        ids, model = out["responses"][row, :n].tolist(), out["model_mask"][row, :n].tolist()
+        first = [i for i, m in zip(ids, model) if m][:len(rollout.engine.sampled[tuple(prompt)][0])]
+        assert first == rollout.engine.sampled[tuple(prompt)][0]       # the row's first call's ids, as sampled
+    trained = rollout_rows(batch, out, split_rows=True)
+    assert trained["uid"] == ["u0", "u0", "u1"] and len(trained.split_inputs(1)) == 2
+    assert [len(part) for part in trained.split_inputs(1)] == [2, 1]
+    kept = rollout_rows(rows_batch(tok, [{}, {}]), out, split_rows=False)
+    assert len(kept) == 2 and kept["num_turns"].tolist() == [2, 4]
 
 
 def test_tool_choice_required_or_named_opens_the_reply_with_the_call(agent_model, make_config, tmp_path):

