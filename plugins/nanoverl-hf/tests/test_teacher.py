@@ -1,6 +1,7 @@
-"""A teacher for on-policy distillation with the hf worker: a model folder (its log-probs are the ones transformers
-gives for that model), a checkpoint of a run, a teacher equal to the student (no signal), a teacher with another
-tokenizer (one error line, nothing written), and a distillation run killed mid-step that resumes identically."""
+"""A teacher for on-policy distillation with the hf worker: a model folder (its log-probs, and its top-k tokens for
+GKD, are the ones transformers gives for that model), a checkpoint of a run, a teacher equal to the student (no
+signal, with or without the GKD term), a teacher with another tokenizer (one error line, nothing written), and a
+distillation run killed mid-step that resumes identically."""
 
 from __future__ import annotations
 
@@ -69,12 +70,43 @@ def test_a_model_teacher_scores_the_sampled_tokens_as_transformers_does(teacher_
     assert not torch.allclose(got, workers.actor.compute_log_probs(batch))       # not the student's
 
 
-def test_a_teacher_equal_to_the_student_gives_zero_kl(teacher_dir, tmp_path):
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_model_teachers_top_k_is_transformers_own(teacher_dir, pack):
+    """[algorithm.distill] top_k: the teacher pass's top-k ids and log-probs are transformers'
+    log_softmax(logits / T).topk(K), padded rows or packed, whatever the LM head's chunking."""
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(REPO / "examples" / "configs" / "tiny_grpo.toml",
+                         [f"teacher.path={teacher_dir}", "algorithm.advantage_estimator=distill", "trainer.device=cpu",
+                          "rollout.temperature=0.7", "algorithm.distill.top_k=5", "algorithm.distill.gkd_coef=1",
+                          f"actor.pack={str(pack).lower()}", "actor.logits_chunk_size=2"], registry=load_registry())
+    workers = make_workers(config)
+    tok = workers.tokenizer
+    prompts = torch.tensor([tok.encode("0123="), tok.encode("4567=")])
+    responses = torch.tensor([tok.encode("0123") + [tok.eos_token_id], tok.encode("45") + [tok.eos_token_id] * 3])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    batch = RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
+                     "response_mask": mask, "loss_mask": mask.float()})
+    log_probs, ids, top = workers.teacher.compute_log_probs_and_top_k(batch, 5)
+    model = AutoModelForCausalLM.from_pretrained(teacher_dir).eval()
+    with torch.no_grad():
+        logits = model(torch.cat([prompts, responses], 1)).logits[:, prompts.shape[1] - 1:-1].float()
+    want, want_ids = torch.log_softmax(logits / 0.7, -1).topk(5, dim=-1)
+    assert ids.dtype == torch.int64 and torch.equal(ids, want_ids * mask[..., None])
+    torch.testing.assert_close(top, want * mask[..., None], rtol=0, atol=1e-5)
+    torch.testing.assert_close(log_probs, workers.teacher.compute_log_probs(batch), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("gkd", [[], ["algorithm.distill.top_k=4", "algorithm.distill.gkd_coef=1"]],
+                         ids=["reverse_kl", "with_gkd"])
+def test_a_teacher_equal_to_the_student_gives_zero_kl(teacher_dir, tmp_path, gkd):
     run = train(*COPY_TASK, f"model.path={teacher_dir}", f"teacher.path={teacher_dir}", "trainer.total_steps=2",
-                f"trainer.output_dir={tmp_path / 'run'}")
+                f"trainer.output_dir={tmp_path / 'run'}", *gkd)
     assert run.returncode == 0, run.stderr[-3000:]
     first = rows(tmp_path / "run")[0]
     assert first["teacher/reverse_kl"] == 0.0 and first["advantages/mean"] == 0.0
+    if gkd:                                    # the GKD term of the student's top-4 against itself
+        assert abs(first["actor/gkd_loss"]) < 1e-6
 
 
 def test_a_checkpoint_teacher_is_the_policy_it_saved(teacher_dir, tmp_path):
