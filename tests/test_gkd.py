@@ -186,6 +186,7 @@ def test_gkd_alone_moves_the_student_toward_a_trained_teacher(tmp_path):
     assert first > 0.05 and last < first / 3, (first, last)          # 0.48 -> 0.12
     first, last = (sum(m["actor/gkd_loss"] for m in part) / 5 for part in (steps[:5], steps[-5:]))
     assert last < first / 10, (first, last)                          # 0.056 -> 0.0013
+    assert all(0.5 < m["teacher/topk_mass"] <= 1 + 1e-6 for m in steps)
 
 
 @pytest.mark.parametrize("overrides, expected", [

@@ -334,6 +334,9 @@ class Trainer:
         if "teacher_log_probs" in batch:                  # KL(pi || teacher) per token, the distillation signal
             kl = kl_penalty(batch["old_log_probs"], batch["teacher_log_probs"], "k1")
             metrics["teacher/reverse_kl"] = float(masked_mean(kl, batch["loss_mask"]))
+        if "teacher_topk_log_probs" in batch:             # how much of the teacher's distribution its top-k holds
+            mass = batch["teacher_topk_log_probs"].exp().sum(-1)
+            metrics["teacher/topk_mass"] = float(masked_mean(mass, batch["loss_mask"]))
         with_rewards = RLBatch({**batch.tensors, "token_level_rewards": rewards}, batch.non_tensors)
         advantages, returns = self.estimator(with_rewards, alg)
         metrics["advantages/mean"] = float(masked_mean(advantages, batch["loss_mask"]))
