@@ -233,8 +233,9 @@ class Workers:
     """The value model (critic.enable), else None."""
     teacher: Actor | None = None
     """A frozen teacher ([teacher], on-policy distillation), else None: only `compute_log_probs` (or, with
-    [algorithm.distill] top_k, `compute_log_probs_and_top_k`) and `load` are called. For a teacher.path that names a model, the model it names (with the student's tokenizer); for a
-    checkpoint (`config.teacher.from_checkpoint`), the student's architecture, into which the trainer loads the
+    [algorithm.distill] top_k, `compute_log_probs_and_top_k`) and `load` are called. For a teacher.path that
+    names a model, the model it names (with the student's tokenizer); for a checkpoint
+    (`config.teacher.from_checkpoint`), the student's architecture, into which the trainer loads the
     checkpoint's policy (`teacher.load(<checkpoint>/actor)`)."""
 
 

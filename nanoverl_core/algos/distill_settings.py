@@ -20,7 +20,8 @@ class DistillSettings:
     teacher_topk_ids, teacher_topk_log_probs), for the GKD loss; 0 (default): none."""
     gkd_coef: float = attrs.field(default=0.0, validator=at_least(0))
     """Weight of the GKD term added to the actor's loss: the generalized JSD between teacher and student over
-    the teacher's top_k tokens at each position (needs top_k > 0); 0 (default): off. Pure GKD: coef = 0, gkd_coef = 1."""
+    the teacher's top_k tokens at each position (needs top_k > 0); 0 (default): off. Pure GKD: coef = 0,
+    gkd_coef = 1."""
     gkd_beta: float = attrs.field(default=0.5, validator=between(0, 1))
     """TRL's beta: 0 is KL(teacher || student), 1 is KL(student || teacher), between them the generalized JSD."""
 

@@ -162,9 +162,8 @@ class ForwardPass:
             raise ConfigError(f"algorithm.distill.top_k = {k} is more than the teacher's vocabulary "
                               f"({logits.shape[-1]} tokens); set top_k <= {logits.shape[-1]}")
         top, ids = logits.topk(k, dim=-1)                                                     # (B, R', k) each
-        out = torch.cat([logprobs_from_logits(logits, responses)[..., None],
-                         top - torch.logsumexp(logits, dim=-1, keepdim=True), ids.float()], dim=-1)
-        return _pad_rows(out, batch["responses"].shape[1])
+        picked = torch.cat([logits.gather(-1, responses[..., None]), top], dim=-1) - logits.logsumexp(-1, keepdim=True)
+        return _pad_rows(torch.cat([picked, ids.float()], dim=-1), batch["responses"].shape[1])
 
     def log_probs_at(self, batch: RLBatch, temperature: float, with_entropy: bool, ids: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -172,13 +171,13 @@ class ForwardPass:
         (full-vocabulary softmax) of the tokens `ids` (B, R, K) names at each response position, all with grad,
         0 on padding, from the full logits whatever actor.logits_chunk_size says (GKD's student side)."""
         logits, responses = self._full_logits(batch, temperature)
-        width = responses.shape[1]
-        at_ids = logits.gather(-1, ids[:, :width].to(self.device)) - torch.logsumexp(logits, dim=-1, keepdim=True)
-        valid = batch["response_mask"][:, :width].to(self.device).bool()
-        scores = (logprobs_from_logits(logits, responses), entropy_from_logits(logits) if with_entropy else None,
-                  at_ids)
-        return tuple(None if x is None else _pad_rows(x.masked_fill(~valid.view(valid.shape + (1,) * (x.dim() - 2)),
-                                                                    0), batch["responses"].shape[1]) for x in scores)
+        width, full = responses.shape[1], batch["responses"].shape[1]
+        wanted = torch.cat([responses[..., None], ids[:, :width].to(self.device)], dim=-1)   # (B, R', 1 + K)
+        picked = logits.gather(-1, wanted) - logits.logsumexp(-1, keepdim=True)
+        padding = ~batch["response_mask"][:, :width].to(self.device).bool()  # packed rows: another token's scores
+        picked = _pad_rows(picked.masked_fill(padding[..., None], 0), full)
+        entropy = _pad_right(entropy_from_logits(logits).masked_fill(padding, 0), full) if with_entropy else None
+        return picked[..., 0], entropy, picked[..., 1:]
 
     def values(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) a value model's output at the state before each response token, 0 on padding."""
