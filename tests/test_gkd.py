@@ -12,7 +12,6 @@ import torch
 from conftest import EXAMPLES, read_metrics, run_cli
 from nanoverl_core.algos import agg_loss, loss_totals
 from nanoverl_core.algos.distill import distill, generalized_jsd
-from nanoverl_core.algos.distill_settings import DistillSettings
 from nanoverl_core.config import load_config
 from nanoverl_core.plugins import load_registry
 from nanoverl_core.trainer.plan import plan_step
@@ -127,13 +126,14 @@ def test_the_teacher_pass_keeps_its_top_k_tokens_and_their_log_probs():
     close(top[:, :width], want * mask)
 
 
-def test_the_actor_adds_gkd_coef_times_the_aggregated_jsd_and_logs_it():
+@pytest.mark.parametrize("layout", [[], ["actor.logits_chunk_size=2"]], ids=["full_logits", "chunked_head"])
+def test_the_actor_adds_gkd_coef_times_the_aggregated_jsd_and_logs_it(layout):
     from nanoverl_core.algos import vanilla
 
     overrides = ["algorithm.advantage_estimator=distill", "algorithm.distill.coef=0", "algorithm.distill.top_k=4",
                  "algorithm.distill.gkd_coef=2", "algorithm.distill.gkd_beta=0.5", "actor.entropy_coeff=0",
-                 "actor.lr=0", "actor.loss_agg_mode=seq-mean-token-mean"]
-    cfg, workers = debug_workers(*overrides)
+                 "actor.lr=0", "actor.loss_agg_mode=seq-mean-token-mean", *layout]
+    _, workers = debug_workers(*overrides)
     actor, batch = workers.actor, sampled_batch(workers)
     gen = torch.Generator().manual_seed(3)
     teacher = torch.log_softmax(torch.randn(3, 4, 4, generator=gen), -1) * batch["response_mask"][..., None]
