@@ -42,6 +42,10 @@ Tensor keys used by the trainer (B = rows, P = prompt length, R = response lengt
     sum_pi_squared     (B, R) float   sum over the vocabulary of pi_old^2 (an estimator that asks for it)
     ref_log_probs      (B, R) float   the same under the reference policy
     teacher_log_probs  (B, R) float   the same under the [teacher] (on-policy distillation's pass)
+    teacher_topk_ids   (B, R, K) int64  with [algorithm.distill] top_k = K > 0: the teacher's K most likely
+                                      tokens at each response position, most likely first (0 on padding)
+    teacher_topk_log_probs            (B, R, K) float: their log-probs under the teacher's full-vocabulary
+                                      softmax at rollout.temperature (0 on padding), the GKD loss's teacher side
     values             (B, R) float   critic values
     rollout_is_weights (B, R) float   rollout correction's importance weights (stage 6b), multiplied into
                                       the policy loss

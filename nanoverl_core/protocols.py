@@ -50,6 +50,10 @@ class Actor(Protocol):
       * ``compute_log_probs_and_sum_pi_squared``: ``(batch) -> (log_probs, sum_pi_squared)``, both (B, R)
         as `compute_log_probs`, the second the sum over the vocabulary of pi^2 at each response token;
         an estimator with ``requires_sum_pi_squared`` needs it (`TorchActor` has it).
+      * ``compute_log_probs_and_top_k``: ``(batch, k) -> (log_probs, ids, top_k_log_probs)``: (B, R) as
+        `compute_log_probs`, then (B, R, k) int64 the k most likely tokens at each response position and (B, R, k)
+        their log-probs, 0 on padding; a teacher needs it for ``[algorithm.distill] top_k`` (the columns
+        ``teacher_topk_ids``, ``teacher_topk_log_probs``; `TorchActor` has it).
       * ``on_policy_update``: ``on_policy_update(batch, policy_loss) -> (metrics, log_probs)``: what
         ``update(batch, policy_loss, on_policy=True)`` does, returning with its metrics the (B, R) log-probs
         that update's forward computed (detached, on the CPU, 0 on padding, every rank's rows): pi_old of
@@ -230,9 +234,10 @@ class Workers:
     critic: Critic | None = None
     """The value model (critic.enable), else None."""
     teacher: Actor | None = None
-    """A frozen teacher ([teacher], on-policy distillation), else None: only `compute_log_probs` and `load` are
-    called. For a teacher.path that names a model, the model it names (with the student's tokenizer); for a
-    checkpoint (`config.teacher.from_checkpoint`), the student's architecture, into which the trainer loads the
+    """A frozen teacher ([teacher], on-policy distillation), else None: only `compute_log_probs` (or, with
+    [algorithm.distill] top_k, `compute_log_probs_and_top_k`) and `load` are called. For a teacher.path that
+    names a model, the model it names (with the student's tokenizer); for a checkpoint
+    (`config.teacher.from_checkpoint`), the student's architecture, into which the trainer loads the
     checkpoint's policy (`teacher.load(<checkpoint>/actor)`)."""
 
 

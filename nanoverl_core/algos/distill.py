@@ -13,11 +13,17 @@ advantages are added, weighted (`[algorithm.distill]`: coef, task_estimator, tas
 
 The teacher's log-probs are a pass of the step (`teacher_log_probs`, [teacher]); pi_old's are the old-log-prob
 pass (the estimator asks for it: `requires_old_log_probs`). A teacher equal to the student gives A = 0.
+
+GKD (Agarwal et al. 2024; TRL's `GKDTrainer.generalized_jsd_loss`): with [algorithm.distill] top_k > 0 the
+teacher's pass also keeps its top_k most likely tokens per position and their log-probs, and with gkd_coef > 0
+the actor's loss adds gkd_coef times the generalized JSD between teacher and student over those tokens, each
+renormalized over them (`generalized_jsd`, `add_gkd_loss`).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -29,7 +35,8 @@ from .distill_settings import DistillSettings
 
 if TYPE_CHECKING:
     from ..batch import RLBatch
-    from ..config import AlgorithmConfig
+    from ..config import AlgorithmConfig, Config
+    from .losses import PolicyLossInputs
 
 
 def compute_distillation_advantage(old_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor,
@@ -41,6 +48,45 @@ def compute_distillation_advantage(old_log_probs: torch.Tensor, teacher_log_prob
     response_mask:     (B, R) 1 on tokens that count (the batch's loss_mask)
     """
     return coef * (teacher_log_probs - old_log_probs) * response_mask
+
+
+def generalized_jsd(student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor, beta: float = 0.5
+                    ) -> torch.Tensor:
+    """(...) the generalized JSD between teacher and student per position, over the last dim (..., K).
+
+    student_log_probs: (..., K) log pi of K tokens at each position (grad flows here)
+    teacher_log_probs: (..., K) log teacher of the same tokens
+    Each side is renormalized over the K tokens (log_softmax over the last dim: the K log-probs of the full
+    vocabulary, or any logits of them); with K the whole vocabulary, this is TRL's `generalized_jsd_loss` per
+    token. With s, t the renormalized student and teacher: beta = 0 is KL(t || s), beta = 1 is KL(s || t), and
+    in between, with the mixture m = beta t + (1 - beta) s (TRL's), beta KL(t || m) + (1 - beta) KL(s || m).
+    Equal distributions give 0, and a zero gradient.
+    """
+    s, t = student_log_probs.log_softmax(-1), teacher_log_probs.log_softmax(-1)
+    if beta == 0:
+        return (t.exp() * (t - s)).sum(-1)
+    if beta == 1:
+        return (s.exp() * (s - t)).sum(-1)
+    m = torch.logsumexp(torch.stack([s + math.log1p(-beta), t + math.log(beta)]), dim=0)
+    return beta * (t.exp() * (t - m)).sum(-1) + (1 - beta) * (s.exp() * (s - m)).sum(-1)
+
+
+def gkd_settings(config: "Config") -> DistillSettings | None:
+    """[algorithm.distill] when its gkd_coef > 0 (the actor's loss adds the GKD term), else None."""
+    settings = settings_or_defaults(config.algorithm.settings, DistillSettings)
+    return settings if settings.gkd_coef > 0 else None
+
+
+def add_gkd_loss(loss: torch.Tensor, metrics: dict[str, Any], student_top_k: torch.Tensor,
+                 teacher_top_k: torch.Tensor, inputs: "PolicyLossInputs", settings: DistillSettings
+                 ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The actor's loss and metrics with gkd_coef * GKD added: `generalized_jsd` (B, R) of the student's and
+    teacher's (B, R, K) log-probs of the teacher's top-k tokens, aggregated over the loss_mask as the policy
+    loss is (`inputs.aggregate`: actor.loss_agg_mode, the mini-batch's normalisers). Metrics: actor/gkd_loss,
+    and actor/loss, the total."""
+    gkd = inputs.aggregate(generalized_jsd(student_top_k, teacher_top_k, settings.gkd_beta))
+    loss = loss + settings.gkd_coef * gkd
+    return loss, {**metrics, "actor/gkd_loss": gkd.detach(), "actor/loss": loss.detach()}
 
 
 @attrs.frozen

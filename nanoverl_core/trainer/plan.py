@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 import attrs
 
-from ..config import Config
+from ..algos.distill_settings import DistillSettings
+from ..config import Config, settings_or_defaults
 from ..errors import ConfigError
 
 
@@ -42,6 +43,9 @@ class StagePlan:
     """Step 4c: one greedy response per prompt, scored (an estimator that reads `reward_baselines`: ReMax)."""
     actor_update: bool = True
     """Steps 9 and 10; false during trainer.critic_warmup."""
+    teacher_top_k: int = 0
+    """With the teacher pass: how many of the teacher's most likely tokens per position it keeps too
+    ([algorithm.distill] top_k, for the GKD loss: the teacher's `compute_log_probs_and_top_k`); 0: none."""
 
     def describe(self) -> dict[str, str]:
         """Each stage and how it runs, as --dry-run prints it."""
@@ -50,7 +54,8 @@ class StagePlan:
                                   "pass": "a separate pass before the update",
                                   "pass_with_sum_pi_squared": "a separate pass, with sum pi^2"}[self.old_log_probs],
                 "ref_log_probs": "a pass" if self.reference else "off",
-                "teacher_log_probs": "a pass" if self.teacher else "off",
+                "teacher_log_probs": "off" if not self.teacher else "a pass" if not self.teacher_top_k else
+                f"a pass, with the teacher's top-{self.teacher_top_k} tokens per position and their log-probs (GKD)",
                 "values": "a pass, and a critic update" if self.critic else "off",
                 "rollout_correction": "weights and rejection before the update" if self.rollout_correction else "off",
                 "rollout_mismatch": "the engine's log-probs against pi_old, after the update" if self.mismatch
@@ -60,9 +65,11 @@ class StagePlan:
 
 
 def plan_step(config: Config, estimator: Any, *, reference: bool, critic: bool, rollout_log_probs: bool,
-              actor: Any = None, actor_update: bool = True, teacher: bool = False) -> StagePlan:
+              actor: Any = None, actor_update: bool = True, teacher: bool = False,
+              teacher_actor: Any = None) -> StagePlan:
     """The plan for `config` with the chosen estimator. `actor`: the built actor, whose optional methods
-    decide two passes (None, as --dry-run has it: a `TorchActor`'s, which has both)."""
+    decide two passes (None, as --dry-run has it: a `TorchActor`'s, which has both); `teacher_actor`: the
+    built teacher, which [algorithm.distill] top_k asks for `compute_log_probs_and_top_k` (None: a TorchActor's)."""
     on_policy = (config.actor.ppo_epochs == 1 and not reference
                  and config.actor_mini_batch_size == config.data.batch_size)
     sum_pi_squared = bool(getattr(estimator, "requires_sum_pi_squared", False))
@@ -78,7 +85,12 @@ def plan_step(config: Config, estimator: Any, *, reference: bool, critic: bool, 
                    and not correction and not advantages_read_old)
     old = ("pass_with_sum_pi_squared" if sum_pi_squared else "from_update" if from_update
            else "pass" if not on_policy or rollout_log_probs or advantages_read_old else "none")
+    top_k = settings_or_defaults(config.algorithm.settings, DistillSettings).top_k if teacher else 0
+    if top_k and teacher_actor is not None and not hasattr(teacher_actor, "compute_log_probs_and_top_k"):
+        raise ConfigError(f"algorithm.distill.top_k = {top_k} needs the teacher's top-k tokens, but worker.name = "
+                          f"{config.worker.name!r} builds a teacher without compute_log_probs_and_top_k; use a "
+                          "worker whose teacher has it (a TorchActor: workers debug, hf, fsdp) or top_k = 0")
     return StagePlan(on_policy=on_policy, old_log_probs=old, reference=reference, teacher=teacher, critic=critic,
                      rollout_correction=correction, mismatch=rollout_log_probs,
                      greedy_baseline=bool(getattr(estimator, "requires_greedy_baseline", False)),
-                     actor_update=actor_update)
+                     actor_update=actor_update, teacher_top_k=top_k)

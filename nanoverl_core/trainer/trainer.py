@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ class Trainer:
         self.kl_ctrl = make_kl_controller(cfg.algorithm)
         # which optional passes a step runs (plan.py): the plan of an updating step, and of a critic warmup step
         built = dict(reference=self.workers.reference is not None, critic=self.workers.critic is not None,
-                     teacher=self.workers.teacher is not None,
+                     teacher=self.workers.teacher is not None, teacher_actor=self.workers.teacher,
                      rollout_log_probs=bool(getattr(self.rollout, "returns_log_probs", False)), actor=self.workers.actor)
         self.plan = plan_step(cfg, self.estimator, **built)
         self.warmup_plan = plan_step(cfg, self.estimator, **built, actor_update=False)
@@ -172,9 +173,9 @@ class Trainer:
                 metrics.update(added(batch, self.greedy_baseline(batch, timing)))
             with timed(timing, "old_log_probs"):                                # 5. (~0 s on-policy: the
                 batch.update(self.old_log_probs(batch, plan))                   #    update's own forward)
-            for column, frozen in self.frozen_passes(plan):                     # 6. reference, teacher
+            for column, frozen_pass in self.frozen_passes(plan):                # 6. reference, teacher
                 with timed(timing, column):
-                    batch[column] = frozen.compute_log_probs(batch)
+                    batch.update(frozen_pass(batch))
             if plan.critic:
                 with timed(timing, "values"):
                     batch["values"] = workers.critic.compute_values(batch)
@@ -273,12 +274,17 @@ class Trainer:
             return RLBatch({"old_log_probs": old, "sum_pi_squared": sum_pi_squared})
         return RLBatch({"old_log_probs": actor.compute_log_probs(batch)}) if plan.old_log_probs == "pass" else RLBatch()
 
-    def frozen_passes(self, plan) -> list[tuple[str, Any]]:
-        """Step 6's passes of frozen policies, (column, worker): the reference's (KL terms) and the teacher's
-        (on-policy distillation), each where the plan runs it."""
-        return [(column, worker) for column, worker, on in (("ref_log_probs", self.workers.reference, plan.reference),
-                                                            ("teacher_log_probs", self.workers.teacher, plan.teacher))
-                if on]
+    def frozen_passes(self, plan) -> list[tuple[str, Callable[[RLBatch], RLBatch]]]:
+        """Step 6's passes of frozen policies, (column, pass: batch -> its columns): the reference's (KL terms) and
+        the teacher's (on-policy distillation; with plan.teacher_top_k its top-k tokens too, for GKD), each where
+        the plan runs it."""
+        ref, teacher, k = self.workers.reference, self.workers.teacher, plan.teacher_top_k
+        passes = [("ref_log_probs", plan.reference, lambda b: RLBatch({"ref_log_probs": ref.compute_log_probs(b)})),
+                  ("teacher_log_probs", plan.teacher, lambda b: RLBatch(
+                      {"teacher_log_probs": teacher.compute_log_probs(b)} if not k else
+                      dict(zip(("teacher_log_probs", "teacher_topk_ids", "teacher_topk_log_probs"),
+                               teacher.compute_log_probs_and_top_k(b, k)))))]
+        return [(column, frozen_pass) for column, on, frozen_pass in passes if on]
 
     def generate(self, batch: RLBatch, gen_round: int = 0) -> RLBatch:
         """Responses for every row. Under torchrun each rank samples its share of the rows and every
@@ -328,6 +334,9 @@ class Trainer:
         if "teacher_log_probs" in batch:                  # KL(pi || teacher) per token, the distillation signal
             kl = kl_penalty(batch["old_log_probs"], batch["teacher_log_probs"], "k1")
             metrics["teacher/reverse_kl"] = float(masked_mean(kl, batch["loss_mask"]))
+        if "teacher_topk_log_probs" in batch:             # how much of the teacher's distribution its top-k holds
+            mass = batch["teacher_topk_log_probs"].exp().sum(-1)
+            metrics["teacher/topk_mass"] = float(masked_mean(mass, batch["loss_mask"]))
         with_rewards = RLBatch({**batch.tensors, "token_level_rewards": rewards}, batch.non_tensors)
         advantages, returns = self.estimator(with_rewards, alg)
         metrics["advantages/mean"] = float(masked_mean(advantages, batch["loss_mask"]))

@@ -1,7 +1,8 @@
 """How a micro-batch reaches the model: `ForwardPass`, the one object a worker runs its forwards through.
 
-A `TorchActor` asks it for log-probs (and entropy, or sum pi^2), a `TorchCritic` for values; the PPO
-mechanics (workers/ppo.py) never see how the rows were laid out. Four choices, made once:
+A `TorchActor` asks it for log-probs (and entropy, sum pi^2, or the top-k tokens' or given tokens' log-probs),
+a `TorchCritic` for values; the PPO mechanics (workers/ppo.py) never see how the rows were laid out. Four
+choices, made once:
 
     layout     padded rows (a rectangle, rows x (longest prompt + longest response)) or packed rows, end
                to end (workers/packing.py): LINES, ONE_LINE or ROWS, by the model's attention (`actor.pack`)
@@ -148,13 +149,35 @@ class ForwardPass:
 
     def log_probs_and_sum_pi_squared(self, batch: RLBatch, temperature: float) -> torch.Tensor:
         """(B, R, 2): log pi(response token) and the sum over the vocabulary of pi^2, from the full logits."""
-        with self.autocast():
-            inputs, width, packed = self.lay_out(batch)
-            with attending(packed, self.module):
-                logits = self._logits(inputs, width, packed, temperature)
-        pair = torch.stack([logprobs_from_logits(logits, batch["responses"][:, :width].to(self.device)),
-                            sum_pi_squared_from_logits(logits)], dim=-1)                  # (B, R', 2)
-        return torch.nn.functional.pad(pair, (0, 0, 0, batch["responses"].shape[1] - width))
+        logits, responses = self._full_logits(batch, temperature)
+        pair = torch.stack([logprobs_from_logits(logits, responses), sum_pi_squared_from_logits(logits)], dim=-1)
+        return _pad_rows(pair, batch["responses"].shape[1])                                  # (B, R, 2)
+
+    def log_probs_and_top_k(self, batch: RLBatch, temperature: float, k: int) -> torch.Tensor:
+        """(B, R, 1 + 2k) from the full logits at `temperature`: log pi(response token), then the log-probs
+        (full-vocabulary softmax) of pi's k most likely tokens at each response position, most likely first,
+        then their ids (as float32, exact for a vocabulary below 2^24 tokens). GKD's teacher pass."""
+        logits, responses = self._full_logits(batch, temperature)
+        if k > logits.shape[-1]:
+            raise ConfigError(f"algorithm.distill.top_k = {k} is more than the teacher's vocabulary "
+                              f"({logits.shape[-1]} tokens); set top_k <= {logits.shape[-1]}")
+        top, ids = logits.topk(k, dim=-1)                                                     # (B, R', k) each
+        picked = torch.cat([logits.gather(-1, responses[..., None]), top], dim=-1) - logits.logsumexp(-1, keepdim=True)
+        return _pad_rows(torch.cat([picked, ids.float()], dim=-1), batch["responses"].shape[1])
+
+    def log_probs_at(self, batch: RLBatch, temperature: float, with_entropy: bool, ids: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """`log_probs`' (B, R) log-probs and entropy (or None), and (B, R, K) the log-probs at `temperature`
+        (full-vocabulary softmax) of the tokens `ids` (B, R, K) names at each response position, all with grad,
+        0 on padding, from the full logits whatever actor.logits_chunk_size says (GKD's student side)."""
+        logits, responses = self._full_logits(batch, temperature)
+        width, full = responses.shape[1], batch["responses"].shape[1]
+        wanted = torch.cat([responses[..., None], ids[:, :width].to(self.device)], dim=-1)   # (B, R', 1 + K)
+        picked = logits.gather(-1, wanted) - logits.logsumexp(-1, keepdim=True)
+        padding = ~batch["response_mask"][:, :width].to(self.device).bool()  # packed rows: another token's scores
+        picked = _pad_rows(picked.masked_fill(padding[..., None], 0), full)
+        entropy = _pad_right(entropy_from_logits(logits).masked_fill(padding, 0), full) if with_entropy else None
+        return picked[..., 0], entropy, picked[..., 1:]
 
     def values(self, batch: RLBatch) -> torch.Tensor:
         """(B, R) a value model's output at the state before each response token, 0 on padding."""
@@ -175,6 +198,14 @@ class ForwardPass:
             self._turn_off("logits_chunk_size", "its logits are not its LM head's plain product (or the head "
                            "cannot be hooked)")
         return scores
+
+    def _full_logits(self, batch: RLBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, R', V) float32 logits at `temperature` (`_logits`, any layout) and the (B, R') response tokens."""
+        with self.autocast():
+            inputs, width, packed = self.lay_out(batch)
+            with attending(packed, self.module):
+                logits = self._logits(inputs, width, packed, temperature)
+        return logits, batch["responses"][:, :width].to(self.device)
 
     def _logits(self, inputs: dict, width: int, packed: PackedRows | None, temperature: float) -> torch.Tensor:
         """(B, R', V) float32 logits predicting each response token, at `temperature`."""
@@ -308,3 +339,8 @@ def planned(config: Config, key: str) -> str:
 
 def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+def _pad_rows(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, R', ...) zero-padded on the right of dim 1 to (B, width, ...)."""
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, width - x.shape[1]))

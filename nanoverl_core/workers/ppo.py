@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..algos import PolicyLossInputs, compute_actor_loss, compute_value_loss, loss_totals
+from ..algos.distill import add_gkd_loss, gkd_settings
 from ..batch import RLBatch
 from ..config import ActorConfig, Config, CriticConfig, OptimConfig
 from ..errors import ConfigError, NonFiniteError, removed
@@ -235,6 +236,13 @@ class TorchActor(_TorchWorker):
                            extra=(2,))
         return out[..., 0], out[..., 1]
 
+    def compute_log_probs_and_top_k(self, batch: RLBatch, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, R) log pi(response token), (B, R, k) int64 ids of pi's k most likely tokens at each response position
+        and (B, R, k) their log-probs, zero on padding, from one pass over the full logits (GKD's teacher pass)."""
+        out = self.per_row(batch, lambda mb: self.forward_pass.log_probs_and_top_k(mb, self.temperature, k),
+                           extra=(1 + 2 * k,))
+        return out[..., 0], out[..., 1 + k:].long(), out[..., 1:1 + k]
+
     @property
     def lora(self) -> bool:
         """Whether an adapter trains (the Actor protocol's optional `lora`: full_tensors is the merged model)."""
@@ -273,12 +281,15 @@ class TorchActor(_TorchWorker):
 
     def _loss(self, policy_loss: PolicyLoss, on_policy: bool, kept: list[torch.Tensor] | None = None):
         """loss_of(micro_batch, norms) for `optimizer_step`: the micro-batch's PPO loss and metrics (kept: the
-        detached log-probs of each micro-batch are appended to it)."""
-        cfg = self.section
+        detached log-probs of each micro-batch are appended to it). With [algorithm.distill] gkd_coef > 0 and the
+        teacher's top-k columns, the forward also gives the student's log-probs of those tokens, for the GKD term."""
+        cfg, gkd = self.section, gkd_settings(self.config)
         scale = cfg.loss_scale_factor or self.config.rollout.max_new_tokens
 
         def loss_of(mb: RLBatch, norms: dict[str, float]):
-            log_prob, entropy = self.forward(mb, with_entropy=cfg.entropy_coeff != 0)          # (b, R) each
+            ids = mb["teacher_topk_ids"] if gkd is not None and "teacher_topk_ids" in mb else None
+            log_prob, entropy, student_top_k = (*self.forward(mb, with_entropy=cfg.entropy_coeff != 0), None) \
+                if ids is None else self.forward_pass.log_probs_at(mb, self.temperature, cfg.entropy_coeff != 0, ids)
             old = log_prob.detach() if on_policy else mb["old_log_probs"].to(self.device)
             if kept is not None:
                 kept.append(old.float().cpu())
@@ -287,7 +298,9 @@ class TorchActor(_TorchWorker):
                                       loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=scale,
                                       on_policy=on_policy, rollout_is_weights=weights, **norms)
             ref = mb["ref_log_probs"].to(self.device) if cfg.use_kl_loss else None
-            return compute_actor_loss(policy_loss, inputs, cfg, entropy=entropy, ref_log_prob=ref)
+            loss, metrics = compute_actor_loss(policy_loss, inputs, cfg, entropy=entropy, ref_log_prob=ref)
+            return (loss, metrics) if ids is None else \
+                add_gkd_loss(loss, metrics, student_top_k, mb["teacher_topk_log_probs"].to(self.device), inputs, gkd)
         return loss_of
 
     def _rows_of(self, batch: RLBatch, per_micro_batch: list[torch.Tensor]) -> torch.Tensor:

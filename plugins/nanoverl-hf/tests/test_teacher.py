@@ -1,6 +1,7 @@
-"""A teacher for on-policy distillation with the hf worker: a model folder (its log-probs are the ones transformers
-gives for that model), a checkpoint of a run, a teacher equal to the student (no signal), a teacher with another
-tokenizer (one error line, nothing written), and a distillation run killed mid-step that resumes identically."""
+"""A teacher for on-policy distillation with the hf worker: a model folder (its log-probs, and its top-k tokens for
+GKD, are the ones transformers gives for that model), a checkpoint of a run, a teacher equal to the student (no
+signal, with or without the GKD term), a teacher with another tokenizer (one error line, nothing written), and a
+distillation run killed mid-step that resumes identically."""
 
 from __future__ import annotations
 
@@ -69,12 +70,74 @@ def test_a_model_teacher_scores_the_sampled_tokens_as_transformers_does(teacher_
     assert not torch.allclose(got, workers.actor.compute_log_probs(batch))       # not the student's
 
 
-def test_a_teacher_equal_to_the_student_gives_zero_kl(teacher_dir, tmp_path):
+def gkd_workers(teacher_dir, pack: bool):
+    """hf workers with a model teacher and GKD at temperature 0.7, top_k = 5, and a two-row batch of the copy task."""
+    config = load_config(REPO / "examples" / "configs" / "tiny_grpo.toml",
+                         [f"teacher.path={teacher_dir}", "algorithm.advantage_estimator=distill", "trainer.device=cpu",
+                          "rollout.temperature=0.7", "algorithm.distill.top_k=5", "algorithm.distill.gkd_coef=1",
+                          "algorithm.distill.coef=0", f"actor.pack={str(pack).lower()}", "actor.logits_chunk_size=2",
+                          "actor.entropy_coeff=0"], registry=load_registry())
+    workers = make_workers(config)
+    tok = workers.tokenizer
+    prompts = torch.tensor([tok.encode("0123="), tok.encode("4567=")])
+    responses = torch.tensor([tok.encode("0123") + [tok.eos_token_id], tok.encode("45") + [tok.eos_token_id] * 3])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    batch = RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
+                     "response_mask": mask, "loss_mask": mask.float()})
+    return workers, batch
+
+
+def transformers_log_probs(model, batch) -> torch.Tensor:
+    """(B, R, V) log_softmax(logits / 0.7) of `model` at each response position, as transformers computes them."""
+    prompts = batch["prompts"]
+    with torch.no_grad():
+        logits = model(torch.cat([prompts, batch["responses"]], 1)).logits[:, prompts.shape[1] - 1:-1].float()
+    return torch.log_softmax(logits / 0.7, -1)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_model_teachers_top_k_is_transformers_own(teacher_dir, pack):
+    """[algorithm.distill] top_k: the teacher pass's top-k ids and log-probs are transformers'
+    log_softmax(logits / T).topk(K), padded rows or packed, whatever the LM head's chunking."""
+    from transformers import AutoModelForCausalLM
+
+    workers, batch = gkd_workers(teacher_dir, pack)
+    mask = batch["response_mask"][..., None]
+    log_probs, ids, top = workers.teacher.compute_log_probs_and_top_k(batch, 5)
+    want, want_ids = transformers_log_probs(AutoModelForCausalLM.from_pretrained(teacher_dir).eval(), batch).topk(5, -1)
+    assert ids.dtype == torch.int64 and torch.equal(ids, want_ids * mask)
+    torch.testing.assert_close(top, want * mask, rtol=0, atol=1e-5)
+    torch.testing.assert_close(log_probs, workers.teacher.compute_log_probs(batch), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_students_gkd_term_is_the_jsd_of_transformers_log_probs(teacher_dir, pack):
+    """The actor's actor/gkd_loss: the generalized JSD (beta 0.5) of the student's and the teacher's
+    transformers log-probs of the teacher's top-5, token-mean over the counted tokens, padded rows or packed."""
+    from nanoverl_core.algos import agg_loss, vanilla
+    from nanoverl_core.algos.distill import generalized_jsd
+
+    workers, batch = gkd_workers(teacher_dir, pack)
+    _, ids, top = workers.teacher.compute_log_probs_and_top_k(batch, 5)
+    student = transformers_log_probs(workers.actor.module, batch).gather(-1, ids)   # before the update's step
+    batch.update(RLBatch({"teacher_topk_ids": ids, "teacher_topk_log_probs": top, "advantages": torch.zeros(2, 5),
+                          "old_log_probs": workers.actor.compute_log_probs(batch)}))
+    metrics, _ = workers.actor.on_policy_update(batch, vanilla)
+    want = agg_loss(generalized_jsd(student, top, 0.5), batch["loss_mask"], "token-mean")
+    assert float(want) > 1e-3                  # two random tiny models: near-uniform, a small but real JSD
+    torch.testing.assert_close(torch.tensor(metrics["actor/gkd_loss"], dtype=torch.float32), want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("gkd", [[], ["algorithm.distill.top_k=4", "algorithm.distill.gkd_coef=1"]],
+                         ids=["reverse_kl", "with_gkd"])
+def test_a_teacher_equal_to_the_student_gives_zero_kl(teacher_dir, tmp_path, gkd):
     run = train(*COPY_TASK, f"model.path={teacher_dir}", f"teacher.path={teacher_dir}", "trainer.total_steps=2",
-                f"trainer.output_dir={tmp_path / 'run'}")
+                f"trainer.output_dir={tmp_path / 'run'}", *gkd)
     assert run.returncode == 0, run.stderr[-3000:]
     first = rows(tmp_path / "run")[0]
     assert first["teacher/reverse_kl"] == 0.0 and first["advantages/mean"] == 0.0
+    if gkd:                                    # the GKD term of the student's top-4 against itself
+        assert abs(first["actor/gkd_loss"]) < 1e-6
 
 
 def test_a_checkpoint_teacher_is_the_policy_it_saved(teacher_dir, tmp_path):
