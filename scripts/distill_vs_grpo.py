@@ -8,6 +8,8 @@ from SmolLM2-135M-Instruct); its held-out greedy accuracy is its last validation
   grpo     the arithmetic recipe again, validated every 2 steps, and
   distill  examples/configs/smollm2_distill.toml: the same prompts, batch and learning rate, with per-token
            log teacher - log student as the advantage and no task reward in the loss,
+  gkd      (only with --methods gkd) the same recipe with TRL's generalized JSD over the teacher's top 64
+           tokens as the loss instead (coef 0, gkd_coef 1, gkd_beta 0.5),
 each in its own run directory under --out (a directory whose run already finished is read, not rerun). The
 held-out set is the recipe's 64 validation problems, which the loader keeps out of training. "steps" is the
 first validated step whose greedy accuracy reaches the target, "train_s" the summed step times up to it
@@ -26,7 +28,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"grpo": ROOT / "examples" / "configs" / "smollm2_arithmetic.toml",
-           "distill": ROOT / "examples" / "configs" / "smollm2_distill.toml"}
+           "distill": ROOT / "examples" / "configs" / "smollm2_distill.toml",
+           "gkd": ROOT / "examples" / "configs" / "smollm2_distill.toml"}
+GKD = ["algorithm.distill.coef=0", "algorithm.distill.top_k=64", "algorithm.distill.gkd_coef=1",
+       "algorithm.distill.gkd_beta=0.5"]
+"""`gkd`: the distillation recipe with the GKD loss alone (the teacher's top 64 tokens, TRL's beta 0.5)."""
 CURVE = ["trainer.val_every=2", "trainer.val_before_train=true", "trainer.eval_before_after=false",
          "tracking.trackers=[jsonl]", "trainer.progress=log"]
 
@@ -43,7 +49,8 @@ def run(method: str, seed: int, out: Path, teacher: Path, steps: int) -> list[di
         return rows                                           # finished before: read it
     train = Path(sys.executable).parent / "nanoverl-train"
     cmd = [str(train), "--config", str(CONFIGS[method]), f"trainer.seed={seed}", f"trainer.output_dir={run_dir}",
-           f"trainer.total_steps={steps}", *CURVE, *([f"teacher.path={teacher}"] if method == "distill" else [])]
+           f"trainer.total_steps={steps}", *CURVE, *([f"teacher.path={teacher}"] if method != "grpo" else []),
+           *(GKD if method == "gkd" else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     with (out / f"{method}_s{seed}.log").open("w") as log:
         if subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
