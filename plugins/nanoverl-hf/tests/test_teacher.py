@@ -47,6 +47,24 @@ def teacher_dir(tmp_path_factory):
     return folder
 
 
+def copy_task_rows(tok) -> RLBatch:
+    """Two rows of the copy task: "0123=" answered "0123<eos>", "4567=" answered "45<eos>" (then padding)."""
+    prompts = torch.tensor([tok.encode("0123="), tok.encode("4567=")])
+    responses = torch.tensor([tok.encode("0123") + [tok.eos_token_id], tok.encode("45") + [tok.eos_token_id] * 3])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    return RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
+                    "response_mask": mask, "loss_mask": mask.float()})
+
+
+def transformers_log_probs(model, batch, temperature: float) -> torch.Tensor:
+    """(B, R, V) log_softmax(logits / temperature) of `model` at each response position, as transformers computes
+    them."""
+    prompts = batch["prompts"]
+    with torch.no_grad():
+        logits = model(torch.cat([prompts, batch["responses"]], 1)).logits[:, prompts.shape[1] - 1:-1].float()
+    return torch.log_softmax(logits / temperature, -1)
+
+
 def test_a_model_teacher_scores_the_sampled_tokens_as_transformers_does(teacher_dir):
     from transformers import AutoModelForCausalLM
 
@@ -55,17 +73,11 @@ def test_a_model_teacher_scores_the_sampled_tokens_as_transformers_does(teacher_
                           "trainer.device=cpu"], registry=load_registry())
     workers = make_workers(config)
     assert workers.teacher is not None and not any(p.requires_grad for p in workers.teacher.module.parameters())
-    tok = workers.tokenizer
-    prompts = torch.tensor([tok.encode("0123="), tok.encode("4567=")])
-    responses = torch.tensor([tok.encode("0123") + [tok.eos_token_id], tok.encode("45") + [tok.eos_token_id] * 3])
-    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    batch = RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
-                     "response_mask": mask, "loss_mask": mask.float()})
+    batch = copy_task_rows(workers.tokenizer)
     got = workers.teacher.compute_log_probs(batch)
     model = AutoModelForCausalLM.from_pretrained(teacher_dir).eval()
-    with torch.no_grad():
-        logits = model(torch.cat([prompts, responses], 1)).logits[:, prompts.shape[1] - 1:-1].float()
-    want = torch.log_softmax(logits, -1).gather(-1, responses[..., None])[..., 0] * mask
+    want = transformers_log_probs(model, batch, 1.0).gather(-1, batch["responses"][..., None])[..., 0] \
+        * batch["response_mask"]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert not torch.allclose(got, workers.actor.compute_log_probs(batch))       # not the student's
 
@@ -78,21 +90,7 @@ def gkd_workers(teacher_dir, pack: bool):
                           "algorithm.distill.coef=0", f"actor.pack={str(pack).lower()}", "actor.logits_chunk_size=2",
                           "actor.entropy_coeff=0"], registry=load_registry())
     workers = make_workers(config)
-    tok = workers.tokenizer
-    prompts = torch.tensor([tok.encode("0123="), tok.encode("4567=")])
-    responses = torch.tensor([tok.encode("0123") + [tok.eos_token_id], tok.encode("45") + [tok.eos_token_id] * 3])
-    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    batch = RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
-                     "response_mask": mask, "loss_mask": mask.float()})
-    return workers, batch
-
-
-def transformers_log_probs(model, batch) -> torch.Tensor:
-    """(B, R, V) log_softmax(logits / 0.7) of `model` at each response position, as transformers computes them."""
-    prompts = batch["prompts"]
-    with torch.no_grad():
-        logits = model(torch.cat([prompts, batch["responses"]], 1)).logits[:, prompts.shape[1] - 1:-1].float()
-    return torch.log_softmax(logits / 0.7, -1)
+    return workers, copy_task_rows(workers.tokenizer)
 
 
 @pytest.mark.parametrize("pack", [False, True])
@@ -104,7 +102,8 @@ def test_a_model_teachers_top_k_is_transformers_own(teacher_dir, pack):
     workers, batch = gkd_workers(teacher_dir, pack)
     mask = batch["response_mask"][..., None]
     log_probs, ids, top = workers.teacher.compute_log_probs_and_top_k(batch, 5)
-    want, want_ids = transformers_log_probs(AutoModelForCausalLM.from_pretrained(teacher_dir).eval(), batch).topk(5, -1)
+    want, want_ids = transformers_log_probs(AutoModelForCausalLM.from_pretrained(teacher_dir).eval(), batch,
+                                             0.7).topk(5, -1)
     assert ids.dtype == torch.int64 and torch.equal(ids, want_ids * mask)
     torch.testing.assert_close(top, want * mask, rtol=0, atol=1e-5)
     torch.testing.assert_close(log_probs, workers.teacher.compute_log_probs(batch), rtol=0, atol=1e-5)
@@ -119,7 +118,7 @@ def test_the_students_gkd_term_is_the_jsd_of_transformers_log_probs(teacher_dir,
 
     workers, batch = gkd_workers(teacher_dir, pack)
     _, ids, top = workers.teacher.compute_log_probs_and_top_k(batch, 5)
-    student = transformers_log_probs(workers.actor.module, batch).gather(-1, ids)   # before the update's step
+    student = transformers_log_probs(workers.actor.module, batch, 0.7).gather(-1, ids)   # before the update's step
     batch.update(RLBatch({"teacher_topk_ids": ids, "teacher_topk_log_probs": top, "advantages": torch.zeros(2, 5),
                           "old_log_probs": workers.actor.compute_log_probs(batch)}))
     metrics, _ = workers.actor.on_policy_update(batch, vanilla)
@@ -223,14 +222,8 @@ def test_a_lora_adapter_teacher_is_merged_into_the_students_model(tmp_path):
                           "algorithm.advantage_estimator=distill", "trainer.device=cpu"], registry=load_registry())
     assert config.teacher.adapter and not config.teacher.from_checkpoint
     workers = make_workers(config)
-    tok = workers.tokenizer
-    prompts = torch.tensor([tok.encode("0123=")])
-    responses = torch.tensor([tok.encode("0123") + [tok.eos_token_id]])
-    batch = RLBatch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
-                     "response_mask": torch.ones_like(responses), "loss_mask": torch.ones(responses.shape)})
+    batch = copy_task_rows(workers.tokenizer).index([0])          # "0123=" answered "0123<eos>", no padding
     merged = lora.merge_and_unload().eval()
-    with torch.no_grad():
-        logits = merged(torch.cat([prompts, responses], 1)).logits[:, prompts.shape[1] - 1:-1].float()
-    want = torch.log_softmax(logits, -1).gather(-1, responses[..., None])[..., 0]
+    want = transformers_log_probs(merged, batch, 1.0).gather(-1, batch["responses"][..., None])[..., 0]
     torch.testing.assert_close(workers.teacher.compute_log_probs(batch), want, rtol=0, atol=1e-5)
     assert not torch.allclose(workers.actor.compute_log_probs(batch), want, atol=1e-3)   # the student is the base
