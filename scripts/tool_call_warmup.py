@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -120,7 +121,7 @@ def train(model, data: list[tuple[list[int], list[int]]], pad_id: int, args, rng
             batch = data[first:first + args.batch_size]
             width = max(len(ids) for ids, _ in batch)
             ids = torch.tensor([i + [pad_id] * (width - len(i)) for i, _ in batch])
-            labels = torch.tensor([labels + [-100] * (width - len(labels)) for _, labels in batch])
+            labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
             mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
@@ -142,13 +143,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     from nanoverl_core.config.schema import Config, ModelConfig
+    from nanoverl_core.errors import ConfigError
     from nanoverl_core.rollout import stop_token_ids
     from nanoverl_hf.models import load_policy, load_tokenizer, neutral_generation_config, resolve_source
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     config = Config(model=ModelConfig(path=args.model, dtype="float32"))
-    source = resolve_source(config.model)
+    try:
+        source = resolve_source(config.model)
+    except ConfigError as exc:          # a missing file, or a GGUF without the gguf package
+        print(f"error: {str(exc).replace('model.path = ', 'the model ')}", file=sys.stderr)
+        sys.exit(2)
     tokenizer, model = load_tokenizer(config.model, source), load_policy(config, source)
     stops = stop_token_ids(tokenizer, model)
     rng = random.Random(args.seed)

@@ -91,3 +91,14 @@ def test_a_run_writes_a_model_folder_the_worker_loads(tmp_path):
     model = load_policy(config, source)
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] is not None
     assert model.config.vocab_size == len(ALPHABET) + 3
+
+
+def test_a_missing_model_is_one_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "tool_call_warmup.py"), str(tmp_path / "no.gguf"),
+                          str(tmp_path / "out")], capture_output=True, text=True)
+    assert run.returncode == 2 and not (tmp_path / "out").exists()
+    assert run.stderr.splitlines() == [f"error: the model {str(tmp_path / 'no.gguf')!r} does not exist; download the "
+                                       "GGUF file first (see the nanoverl-hf README) or fix the path"]
