@@ -7,20 +7,23 @@ plainly asked ("What is 23 + 45?") or reworded ("Add 23 and 45.", "Work out 23 *
 
 Each row is drawn with random.Random(seed): an operation (+ - * in turn), then a, b in 10..99; a problem
 in examples/data/arithmetic_agent/train.jsonl (the recipe's training rows) or drawn before is skipped, so
-every row is new to the run. Rows have the training rows' fields (data_source, prompt, reward_model,
-extra_info), so examples/arithmetic/reward.py scores them.
+every row is new to the run. Rows are examples/arithmetic/make_data.py's (`make_row`, the question reworded
+with --reworded), so examples/arithmetic/reward.py scores them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 from pathlib import Path
 
-TRAIN = Path(__file__).resolve().parents[1] / "data" / "arithmetic_agent" / "train.jsonl"
-OPS = {"+": ("arithmetic_add", lambda a, b: a + b), "-": ("arithmetic_sub", lambda a, b: a - b),
-       "*": ("arithmetic_mul", lambda a, b: a * b)}
+EXAMPLES = Path(__file__).resolve().parents[1]
+TRAIN = EXAMPLES / "data" / "arithmetic_agent" / "train.jsonl"
+_spec = importlib.util.spec_from_file_location("make_data", EXAMPLES / "arithmetic" / "make_data.py")
+make_data = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_data)
 REWORDED = {"+": ["Add {a} and {b}.", "What do you get when you add {a} to {b}?", "Work out {a} + {b}.",
                   "Calculate the sum of {a} and {b}."],
             "-": ["Subtract {b} from {a}.", "What do you get when you take {b} away from {a}?",
@@ -35,16 +38,17 @@ def fresh_rows(seed: int, n: int, reworded: bool = False) -> list[dict]:
             for r in map(json.loads, TRAIN.read_text().splitlines())}
     rng = random.Random(seed)
     rows = []
+    low, high = make_data.TWO_DIGITS[0], make_data.TWO_DIGITS[-1]
     while len(rows) < n:
         op = "+-*"[len(rows) % 3]
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = rng.randint(low, high), rng.randint(low, high)
         if (a, op, b) in seen:
             continue
         seen.add((a, op, b))
-        source, result = OPS[op]
-        question = rng.choice(REWORDED[op]).format(a=a, b=b) if reworded else f"What is {a} {op} {b}?"
-        rows.append({"data_source": source, "prompt": [{"role": "user", "content": question}],
-                     "reward_model": {"ground_truth": str(result(a, b))}, "extra_info": {"a": a, "b": b, "op": op}})
+        row = make_data.make_row(a, op, b)
+        if reworded:
+            row["prompt"] = [{"role": "user", "content": rng.choice(REWORDED[op]).format(a=a, b=b)}]
+        rows.append(row)
     return rows
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import string
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,7 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
-from conftest import prompt_batch  # noqa: E402
+from conftest import ALPHABET, CHATML, prompt_batch  # noqa: E402
 from nanoverl_core import RLBatch  # noqa: E402
 from nanoverl_core.agents import AgentRollout, AgentSource, assistant_message, render_chat  # noqa: E402
 from nanoverl_core.errors import EpisodeError  # noqa: E402
@@ -30,10 +29,6 @@ from nanoverl_hf.tiny import build_tiny_model  # noqa: E402
 from nanoverl_hf.workers import make_workers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
-# ChatML's shape: every message "<|role|>content<eos>\n"; the generation prompt "<|assistant|>"
-CHATML = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-ALPHABET = string.printable.replace("\x0b", "").replace("\x0c", "")
 
 
 @pytest.fixture(scope="module")

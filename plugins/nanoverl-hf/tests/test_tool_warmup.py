@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
-import string
 from pathlib import Path
 
+from conftest import ALPHABET, CHATML
 from nanoverl_core.agents import assistant_message
 from nanoverl_core.agents.transcript import Choice, Transcript, hermes_messages
 from nanoverl_hf.tiny import build_tiny_model
@@ -19,9 +19,6 @@ _spec = importlib.util.spec_from_file_location("tool_call_warmup", ROOT / "scrip
 warmup = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(warmup)
 
-CHATML = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-ALPHABET = string.printable.replace("\x0b", "").replace("\x0c", "")
 
 
 def tokenizer_and_folder(tmp_path):
