@@ -6,9 +6,10 @@ plainly asked ("What is 23 + 45?") or reworded ("Add 23 and 45.", "Work out 23 *
         --checkpoint runs/smollm2_agent_calculator 'data.val_files=["/tmp/fresh.jsonl"]'
 
 Each row is drawn with random.Random(seed): an operation (+ - * in turn), then a, b in 10..99; a problem
-in examples/data/arithmetic_agent/train.jsonl (the recipe's training rows) or drawn before is skipped, so
-every row is new to the run. Rows are examples/arithmetic/make_data.py's (`make_row`, the question reworded
-with --reworded), so examples/arithmetic/reward.py scores them.
+in examples/data/arithmetic_agent/train.jsonl (the recipe's training problems; arithmetic_agent_worded asks
+the same ones) or drawn before is skipped, so every row is new to the run. Rows are
+examples/arithmetic/make_data.py's (`make_row`, the question reworded with --reworded, in phrasings that
+none of the training rows uses), so examples/arithmetic/reward.py scores them.
 """
 
 from __future__ import annotations

@@ -25,6 +25,11 @@ random.Random(SEED + 1) draws 32 held-out and 400 training pairs, disjoint (96 a
 prompt starts with the same two solved examples (DEMO_PROBLEMS: a call, its result, the answer as an
 equation), which are in neither split; `--demo answer` ends them "The answer is 943." instead, and
 `--demo none` leaves them out (docs/results.md: what SmolLM2-135M-Instruct does with each).
+
+`--worded` (two-digit, for the agent recipe: examples/data/arithmetic_agent_worded) asks each training
+problem in words instead with probability one half, a random.Random(SEED + 2) picking the row and one of
+WORDINGS' four phrasings of its operation ("What is the sum of 23 and 45?", "Find 23 plus 45."); the
+held-out rows stay "What is a OP b?". examples/agents/fresh_problems.py --reworded asks in other phrasings.
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ TWO_DIGITS = range(10, 100)
 TWO_DIGIT_SPLIT = (32, 400)              # per operation: held-out, training pairs
 TWO_DIGIT_OUT = OUT.with_name("arithmetic_tool")
 DEMO_PROBLEMS = ((23, "*", 41), (57, "-", 88))
+WORDINGS = {"+": ("What is the sum of {a} and {b}?", "Find {a} plus {b}.", "{a} plus {b} is what?",
+                  "Compute {a} + {b}."),
+            "-": ("What is {a} minus {b}?", "Find the difference {a} - {b}.", "Take {b} from {a}. What is left?",
+                  "Compute {a} - {b}."),
+            "*": ("What is {a} times {b}?", "Find the product of {a} and {b}.", "{a} multiplied by {b} is what?",
+                  "Compute {a} * {b}.")}
 
 
 def demo_messages(style: str = "equation") -> list[dict]:
@@ -99,17 +110,26 @@ def split_two_digit(seed: int = SEED + 1) -> tuple[list[tuple[int, str, int]], l
     return train, val
 
 
-def render(problems: list[tuple[int, str, int]], demo: list[dict] | None = None) -> str:
-    return "".join(json.dumps(make_row(a, op, b, demo)) + "\n" for a, op, b in problems)
+def render(problems: list[tuple[int, str, int]], demo: list[dict] | None = None,
+           worded: random.Random | None = None) -> str:
+    """The rows as JSON lines; with `worded`, that generator rewords about half of them (WORDINGS)."""
+    rows = []
+    for a, op, b in problems:
+        row = make_row(a, op, b, demo)
+        if worded is not None and worded.random() < 0.5:
+            row["prompt"][-1]["content"] = worded.choice(WORDINGS[op]).format(a=a, b=b)
+        rows.append(json.dumps(row) + "\n")
+    return "".join(rows)
 
 
-def files(task: str = "one_digit", seed: int = SEED, demo: str = "equation") -> dict[str, str]:
+def files(task: str = "one_digit", seed: int = SEED, demo: str = "equation", worded: bool = False) -> dict[str, str]:
     """{file name: its exact text}."""
     if task == "one_digit":
         train, val = split(seed)
         return {"train.jsonl": render(train), "val.jsonl": render(val)}
     train, val = split_two_digit(seed + 1)
-    return {"train.jsonl": render(train, demo_messages(demo)), "val.jsonl": render(val, demo_messages(demo))}
+    wording = random.Random(seed + 2) if worded else None
+    return {"train.jsonl": render(train, demo_messages(demo), wording), "val.jsonl": render(val, demo_messages(demo))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,12 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", choices=["one_digit", "two_digit"], default="one_digit")
     parser.add_argument("--demo", choices=["equation", "answer", "none"], default="equation",
                         help="two_digit: how the prompt's two solved examples answer (none: no examples)")
+    parser.add_argument("--worded", action="store_true",
+                        help="two_digit: ask about half the training problems in words (WORDINGS)")
     parser.add_argument("--out", type=Path, default=None, help=f"output folder (default {OUT} or {TWO_DIGIT_OUT})")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ")
     args = parser.parse_args(argv)
+    if args.worded and args.task != "two_digit":
+        parser.exit(2, "error: --worded rewords the two-digit task's rows; add --task two_digit\n")
     out = args.out or (OUT if args.task == "one_digit" else TWO_DIGIT_OUT)
     stale = []
-    for name, text in files(args.task, demo=args.demo).items():
+    for name, text in files(args.task, demo=args.demo, worded=args.worded).items():
         path = out / name
         if args.check:
             if not path.is_file() or path.read_bytes() != text.encode():

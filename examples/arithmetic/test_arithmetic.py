@@ -195,3 +195,35 @@ def test_the_agent_data_are_the_two_digit_problems_without_examples():
     rows = [json.loads(line) for line in (agent / "val.jsonl").read_text().splitlines()]
     tool = [json.loads(line) for line in (TOOL_DATA / "val.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == [t["prompt"][-1:] for t in tool]
+
+
+def test_the_worded_agent_data_ask_the_same_problems_half_in_words():
+    """examples/data/arithmetic_agent_worded: `--worded`'s files. The same problems and answers as
+    arithmetic_agent, about half the training questions in WORDINGS' phrasings, the held-out rows unchanged;
+    none of those phrasings is one that fresh_problems.py --reworded evaluates with."""
+    worded, plain = DATA.with_name("arithmetic_agent_worded"), DATA.with_name("arithmetic_agent")
+    assert make_data.main(["--task", "two_digit", "--demo", "none", "--worded", "--check", "--out", str(worded)]) == 0
+    assert (worded / "val.jsonl").read_bytes() == (plain / "val.jsonl").read_bytes()
+    rows = [json.loads(line) for line in (worded / "train.jsonl").read_text().splitlines()]
+    base = [json.loads(line) for line in (plain / "train.jsonl").read_text().splitlines()]
+    assert [(r["extra_info"], r["reward_model"]) for r in rows] == [(r["extra_info"], r["reward_model"]) for r in base]
+    changed = [(r, b) for r, b in zip(rows, base) if r["prompt"] != b["prompt"]]
+    assert 0.45 < len(changed) / len(rows) < 0.55
+    used = Counter()
+    for r, _ in changed:
+        info = r["extra_info"]
+        phrasing = [w for w in make_data.WORDINGS[info["op"]] if w.format(**info) == r["prompt"][0]["content"]]
+        assert len(phrasing) == 1
+        used[phrasing[0]] += 1
+    assert len(used) == 12 and min(used.values()) > 20
+    spec = importlib.util.spec_from_file_location("fresh_problems", HERE.parent / "agents" / "fresh_problems.py")
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    for op in "+-*":
+        assert not set(make_data.WORDINGS[op]) & set(fresh.REWORDED[op])
+
+
+def test_worded_is_for_the_two_digit_task(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        make_data.main(["--worded"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith("error: --worded")

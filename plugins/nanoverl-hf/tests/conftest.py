@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import string
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -19,11 +18,6 @@ torch.set_num_threads(1)
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}={% endif %}")
-# ChatML's shape: every message "<|role|>content<eos>\n"; the generation prompt "<|assistant|>"
-CHATML = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-ALPHABET = string.printable.replace("\x0b", "").replace("\x0c", "")
-"""Every printable character but the vertical tab and form feed: enough for chat messages and JSON tool calls."""
 
 
 @pytest.fixture(scope="session")

@@ -18,14 +18,14 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
-from conftest import ALPHABET, CHATML, prompt_batch  # noqa: E402
+from conftest import prompt_batch  # noqa: E402
 from nanoverl_core import RLBatch  # noqa: E402
 from nanoverl_core.agents import AgentRollout, AgentSource, assistant_message, render_chat  # noqa: E402
 from nanoverl_core.errors import EpisodeError  # noqa: E402
 from nanoverl_core.processes import descendants  # noqa: E402
 from nanoverl_core.rollout import SamplingParams  # noqa: E402
 from nanoverl_hf.rollout import HFRollout  # noqa: E402
-from nanoverl_hf.tiny import build_tiny_model  # noqa: E402
+from nanoverl_hf.tiny import CHATML, PRINTABLE, build_tiny_model  # noqa: E402
 from nanoverl_hf.workers import make_workers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def agent_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("agent_model") / "model", alphabet=ALPHABET, hidden=32,
+    return build_tiny_model(tmp_path_factory.mktemp("agent_model") / "model", alphabet=PRINTABLE, hidden=32,
                             max_positions=1024, chat_template=CHATML)
 
 
@@ -404,7 +404,7 @@ NOT_APPEND_ONLY = ("{% for m in messages %}{% if m['role'] == 'assistant' and no
 def test_a_template_that_rewrites_a_turn_once_messages_follow_it_splits_the_episode(make_config, tmp_path):
     """The second call's history extends the first, but under this template it cannot be appended to the
     sampled ids: the episode splits, the second call's row starting from its own rendering."""
-    model = build_tiny_model(tmp_path / "model", alphabet=ALPHABET, hidden=32, max_positions=1024,
+    model = build_tiny_model(tmp_path / "model", alphabet=PRINTABLE, hidden=32, max_positions=1024,
                              chat_template=NOT_APPEND_ONLY)
     code = """
         def agent(row, client):

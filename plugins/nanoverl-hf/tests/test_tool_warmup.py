@@ -9,10 +9,9 @@ import json
 import random
 from pathlib import Path
 
-from conftest import ALPHABET, CHATML
 from nanoverl_core.agents import assistant_message
 from nanoverl_core.agents.transcript import Choice, Transcript, hermes_messages
-from nanoverl_hf.tiny import build_tiny_model
+from nanoverl_hf.tiny import CHATML, PRINTABLE, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("tool_call_warmup", ROOT / "scripts" / "tool_call_warmup.py")
@@ -24,7 +23,7 @@ _spec.loader.exec_module(warmup)
 def tokenizer_and_folder(tmp_path):
     from transformers import AutoTokenizer
 
-    folder = build_tiny_model(tmp_path / "model", alphabet=ALPHABET, hidden=32, max_positions=2048,
+    folder = build_tiny_model(tmp_path / "model", alphabet=PRINTABLE, hidden=32, max_positions=2048,
                               chat_template=CHATML)
     return AutoTokenizer.from_pretrained(folder), folder
 
@@ -87,7 +86,7 @@ def test_a_run_writes_a_model_folder_the_worker_loads(tmp_path):
     assert source.has_weights
     model = load_policy(config, source)
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] is not None
-    assert model.config.vocab_size == len(ALPHABET) + 3
+    assert model.config.vocab_size == len(PRINTABLE) + 3
 
 
 def test_a_missing_model_is_one_error_line(tmp_path):

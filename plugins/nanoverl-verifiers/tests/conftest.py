@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import string
 import subprocess
 import sys
 from pathlib import Path
@@ -25,17 +24,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ENVS), *filter(None, [os.environ.get("PYTHONPATH")])])
 sys.path.insert(0, str(ENVS))
 
-# ChatML's shape: every message "<|role|>content<eos>\n"; the generation prompt "<|assistant|>"
-CHATML = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-ALPHABET = string.printable.replace("\x0b", "").replace("\x0c", "")
 
 
 @pytest.fixture(scope="session")
 def chat_model(tmp_path_factory):
-    from nanoverl_hf.tiny import build_tiny_model
+    from nanoverl_hf.tiny import CHATML, PRINTABLE, build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "model", alphabet=ALPHABET, hidden=32,
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "model", alphabet=PRINTABLE, hidden=32,
                             max_positions=1024, chat_template=CHATML)
 
 

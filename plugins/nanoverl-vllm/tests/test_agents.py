@@ -6,7 +6,6 @@ log-probs are the engine's, as returned to the agent and as the trainer's own fo
 from __future__ import annotations
 
 import json
-import string
 import textwrap
 
 import pytest
@@ -18,12 +17,10 @@ pytest.importorskip("fastapi")
 from conftest import prompt_batch  # noqa: E402
 from nanoverl_core.agents import AgentRollout, AgentSource  # noqa: E402
 from nanoverl_core.rollout import SamplingParams, rollout_rows  # noqa: E402
-from nanoverl_hf.tiny import build_tiny_model  # noqa: E402
+from nanoverl_hf.tiny import CHATML, PRINTABLE, build_tiny_model  # noqa: E402
 from nanoverl_hf.workers import make_workers  # noqa: E402
 from nanoverl_vllm.rollout import make_rollout  # noqa: E402
 
-CHATML = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 AGENT = """
     import json, pathlib
 
@@ -50,7 +47,7 @@ def scramble(module, seed: int, scale: float = 0.5) -> None:
 
 
 def test_vllm_agent_rows_hold_the_engines_ids_and_log_probs(tmp_path, make_config):
-    model = build_tiny_model(tmp_path / "model", alphabet=string.printable.replace("\x0b", "").replace("\x0c", ""),
+    model = build_tiny_model(tmp_path / "model", alphabet=PRINTABLE,
                              heads=2, max_positions=512, chat_template=CHATML)
     (tmp_path / "agent.py").write_text(textwrap.dedent(AGENT))
     cfg = make_config(model, f"agent.file={tmp_path / 'agent.py'}", "agent.function=agent", "rollout.max_new_tokens=64",

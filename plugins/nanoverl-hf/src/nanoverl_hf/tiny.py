@@ -15,9 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import string
 from pathlib import Path
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")
+CHATML = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+"""A chat template of ChatML's shape: each message "<|role|>content<eos>", a newline; the generation prompt
+"<|assistant|>"."""
+PRINTABLE = string.printable.replace("\x0b", "").replace("\x0c", "")
+"""Every printable character but the vertical tab and form feed: an alphabet for chat messages and JSON tool calls."""
 
 
 def build_tokenizer(alphabet: str, chat_template: str | None = None):
