@@ -39,3 +39,9 @@ def test_reworded_rows_ask_new_problems_in_other_words(tmp_path):
     assert not any(q.startswith("What is ") for q in questions)
     assert all(str(r["extra_info"]["a"]) in q and str(r["extra_info"]["b"]) in q for r, q in zip(rows, questions))
     assert len({q.split(str(r["extra_info"]["a"]))[0] for r, q in zip(rows, questions)}) > 6
+
+
+def test_no_reworded_phrasing_is_one_the_worded_training_rows_use():
+    """make_data.py --worded's WORDINGS (examples/data/arithmetic_agent_worded) and REWORDED are disjoint."""
+    for op in "+-*":
+        assert fresh.REWORDED[op] and not set(fresh.make_data.WORDINGS[op]) & set(fresh.REWORDED[op])

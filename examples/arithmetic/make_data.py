@@ -111,13 +111,13 @@ def split_two_digit(seed: int = SEED + 1) -> tuple[list[tuple[int, str, int]], l
 
 
 def render(problems: list[tuple[int, str, int]], demo: list[dict] | None = None,
-           worded: random.Random | None = None) -> str:
-    """The rows as JSON lines; with `worded`, that generator rewords about half of them (WORDINGS)."""
+           reword: random.Random | None = None) -> str:
+    """The rows as JSON lines; with `reword`, that generator rewords about half of them (WORDINGS)."""
     rows = []
     for a, op, b in problems:
         row = make_row(a, op, b, demo)
-        if worded is not None and worded.random() < 0.5:
-            row["prompt"][-1]["content"] = worded.choice(WORDINGS[op]).format(a=a, b=b)
+        if reword is not None and reword.random() < 0.5:
+            row["prompt"][-1]["content"] = reword.choice(WORDINGS[op]).format(a=a, b=b)
         rows.append(json.dumps(row) + "\n")
     return "".join(rows)
 
@@ -128,8 +128,8 @@ def files(task: str = "one_digit", seed: int = SEED, demo: str = "equation", wor
         train, val = split(seed)
         return {"train.jsonl": render(train), "val.jsonl": render(val)}
     train, val = split_two_digit(seed + 1)
-    wording = random.Random(seed + 2) if worded else None
-    return {"train.jsonl": render(train, demo_messages(demo), wording), "val.jsonl": render(val, demo_messages(demo))}
+    reword = random.Random(seed + 2) if worded else None
+    return {"train.jsonl": render(train, demo_messages(demo), reword), "val.jsonl": render(val, demo_messages(demo))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,6 @@ warmup = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(warmup)
 
 
-
 def tokenizer_and_folder(tmp_path):
     from transformers import AutoTokenizer
 

@@ -25,7 +25,6 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(ENVS), *filter(None, [os.environ
 sys.path.insert(0, str(ENVS))
 
 
-
 @pytest.fixture(scope="session")
 def chat_model(tmp_path_factory):
     from nanoverl_hf.tiny import CHATML, PRINTABLE, build_tiny_model
